@@ -1,0 +1,1 @@
+"""Rollout level: where and how trajectories run on LLM rollout workers."""

@@ -1,0 +1,140 @@
+"""Baseline rollout policies: step-centric schedulers and the routers of verl, slime, verl*."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from loom.core.errors import ConfigError
+from loom.rollout.policy import (
+    ROUTERS,
+    SCHEDULERS,
+    PlacementKind,
+    SchedulerKind,
+    TrajectoryView,
+    WorkerView,
+)
+
+__all__ = [
+    "CacheAwareRouter",
+    "FcfsScheduler",
+    "HybridRouter",
+    "LeastLoadRouter",
+    "RoundRobinScheduler",
+    "SjfScheduler",
+]
+
+
+@SCHEDULERS.register(SchedulerKind.FCFS)
+@dataclass
+class FcfsScheduler:
+    """First come, first served at trajectory granularity: earlier trajectories go first."""
+
+    preemptive: bool = False
+
+    def key(self, t: TrajectoryView, now: float) -> float:
+        return t.first_arrival_s + t.traj_id * 1e-9
+
+
+@SCHEDULERS.register(SchedulerKind.RR)
+@dataclass
+class RoundRobinScheduler:
+    """Step-centric: a turn back from a tool call joins the tail, like a new request."""
+
+    preemptive: bool = False
+
+    def key(self, t: TrajectoryView, now: float) -> float:
+        return t.turn_arrival_s
+
+
+@SCHEDULERS.register(SchedulerKind.SJF)
+@dataclass
+class SjfScheduler:
+    """Autellix-like shortest-job-first: least attained service (tokens generated) first, so
+    programs that have run little are not blocked behind long ones (program-level LAS)."""
+
+    preemptive: bool = False
+
+    def key(self, t: TrajectoryView, now: float) -> float:
+        return float(t.generated)
+
+
+def _least_loaded(workers: Sequence[WorkerView]) -> int:
+    return min(workers, key=lambda w: (w.load, w.idx)).idx
+
+
+@ROUTERS.register(PlacementKind.CACHE_AWARE)
+@dataclass
+class CacheAwareRouter:
+    """verl: pin each trajectory to one worker (spread in submission order) for its whole life."""
+
+    def __post_init__(self) -> None:
+        self._pin: dict[int, int] = {}
+
+    def start(self, trajs: Sequence[TrajectoryView], workers: Sequence[WorkerView]) -> None:
+        if not workers:
+            raise ConfigError("routing needs at least one worker")
+        for i, t in enumerate(trajs):
+            self._pin[t.traj_id] = workers[i % len(workers)].idx
+
+    def route(self, t: TrajectoryView, workers: Sequence[WorkerView], now: float) -> int:
+        if t.traj_id not in self._pin:
+            self._pin[t.traj_id] = _least_loaded(workers)
+        return self._pin[t.traj_id]
+
+    def migrate(self, t: TrajectoryView, workers: Sequence[WorkerView], now: float) -> int | None:
+        return None
+
+    def finish(self, t: TrajectoryView) -> None:
+        return None
+
+
+@ROUTERS.register(PlacementKind.LEAST_LOAD)
+@dataclass
+class LeastLoadRouter:
+    """slime: every turn goes to the worker with the fewest outstanding turns."""
+
+    def start(self, trajs: Sequence[TrajectoryView], workers: Sequence[WorkerView]) -> None:
+        if not workers:
+            raise ConfigError("routing needs at least one worker")
+
+    def route(self, t: TrajectoryView, workers: Sequence[WorkerView], now: float) -> int:
+        return _least_loaded(workers)
+
+    def migrate(self, t: TrajectoryView, workers: Sequence[WorkerView], now: float) -> int | None:
+        return None
+
+    def finish(self, t: TrajectoryView) -> None:
+        return None
+
+
+@ROUTERS.register(PlacementKind.HYBRID)
+@dataclass
+class HybridRouter:
+    """verl* / SGLang router: if max load / min load exceeds `threshold`, least-load;
+    otherwise the worker holding the longest cached prefix (least-load when none does)."""
+
+    threshold: float = 32.0
+
+    def __post_init__(self) -> None:
+        if not self.threshold >= 1.0:
+            raise ConfigError(f"load-skew threshold must be >= 1, got {self.threshold}")
+
+    def start(self, trajs: Sequence[TrajectoryView], workers: Sequence[WorkerView]) -> None:
+        if not workers:
+            raise ConfigError("routing needs at least one worker")
+
+    def route(self, t: TrajectoryView, workers: Sequence[WorkerView], now: float) -> int:
+        loads = [w.load for w in workers]
+        if max(loads) > self.threshold * max(min(loads), 1):
+            return _least_loaded(workers)
+        best = max(workers, key=lambda w: (w.cached_tokens(t.traj_id), -w.load, -w.idx))
+        if best.cached_tokens(t.traj_id) == 0:
+            return _least_loaded(workers)
+        return best.idx
+
+    def migrate(self, t: TrajectoryView, workers: Sequence[WorkerView], now: float) -> int | None:
+        return None
+
+    def finish(self, t: TrajectoryView) -> None:
+        return None

@@ -1,0 +1,1 @@
+"""Heddle (trajectory-centric agentic rollout): placement and resource management policies."""

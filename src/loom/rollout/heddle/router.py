@@ -1,0 +1,94 @@
+"""Heddle's trajectory-aware placement at run time (§5.2–§5.3).
+
+At the start of a batch the presorted DP partitions trajectories, sorted by predicted length,
+into contiguous groups, one per worker (workers come sorted by descending model-parallel
+degree, so the longest group lands on the largest worker, §6.2). When a trajectory's
+prediction changes, its rank among the still-active trajectories is looked up against the
+original group sizes scaled by (active / initial); if that rank falls in another worker's
+range the trajectory migrates there during its tool call.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Sequence
+from itertools import accumulate
+
+from sortedcontainers import SortedList
+
+from loom.core.errors import ConfigError
+from loom.rollout.heddle.placement import Placement, WorkerCost, presorted_dp_hetero
+from loom.rollout.policy import ROUTERS, PlacementKind, TrajectoryView, WorkerView
+
+__all__ = ["HeddleRouter"]
+
+
+class HeddleRouter:
+    """Presorted-DP placement plus rank-based migration with scaled partition sizes."""
+
+    def __init__(self, worker_cost: Callable[[int], WorkerCost], migrate: bool = True) -> None:
+        self.worker_cost = worker_cost
+        self.migrate_enabled = migrate
+        self.placement: Placement | None = None
+        self._home: dict[int, int] = {}
+        self._pred: dict[int, float] = {}
+        self._ranked: SortedList = SortedList()  # (-predicted length, traj_id) of active ones
+        self._sizes: list[int] = []
+        self._workers: list[int] = []
+        self._n0 = 0
+
+    def start(self, trajs: Sequence[TrajectoryView], workers: Sequence[WorkerView]) -> None:
+        if not workers:
+            raise ConfigError("routing needs at least one worker")
+        degrees = [w.tp for w in workers]
+        if degrees != sorted(degrees, reverse=True):
+            raise ConfigError(f"Heddle expects workers sorted by descending degree, got {degrees}")
+        lengths = [float(t.predicted_total) for t in trajs]
+        costs = [self.worker_cost(w.tp) for w in workers]
+        self.placement = presorted_dp_hetero(lengths, costs)
+        for j, group in enumerate(self.placement.groups):
+            for i in group:
+                self._home[trajs[i].traj_id] = workers[j].idx
+        self._sizes = [len(g) for g in self.placement.groups]
+        self._workers = [w.idx for w in workers]
+        self._n0 = len(trajs)
+        for t in trajs:
+            self._pred[t.traj_id] = float(t.predicted_total)
+            self._ranked.add((-self._pred[t.traj_id], t.traj_id))
+
+    def route(self, t: TrajectoryView, workers: Sequence[WorkerView], now: float) -> int:
+        return self._home[t.traj_id]
+
+    def migrate(self, t: TrajectoryView, workers: Sequence[WorkerView], now: float) -> int | None:
+        self._update(t)
+        if not self.migrate_enabled:
+            return None
+        target = self._target(t.traj_id)
+        if target == self._home[t.traj_id]:
+            return None
+        self._home[t.traj_id] = target
+        return target
+
+    def finish(self, t: TrajectoryView) -> None:
+        self._ranked.discard((-self._pred[t.traj_id], t.traj_id))
+
+    def _update(self, t: TrajectoryView) -> None:
+        old = self._pred[t.traj_id]
+        new = float(t.predicted_total)
+        if new != old:
+            self._ranked.discard((-old, t.traj_id))
+            self._pred[t.traj_id] = new
+            self._ranked.add((-new, t.traj_id))
+
+    def _target(self, traj_id: int) -> int:
+        """The worker whose scaled slice of the ranking holds this trajectory's rank."""
+        rank = self._ranked.index((-self._pred[traj_id], traj_id))
+        scale = len(self._ranked) / self._n0
+        bounds = list(accumulate(s * scale for s in self._sizes))
+        j = min(bisect.bisect_right(bounds, rank), len(bounds) - 1)
+        while self._sizes[j] == 0 and j > 0:  # an empty group takes nobody
+            j -= 1
+        return self._workers[j]
+
+
+ROUTERS.add(PlacementKind.HEDDLE, HeddleRouter)  # type: ignore[arg-type]

@@ -1,0 +1,123 @@
+"""Rollout-level policy interfaces: the views policies read and the decisions they return.
+
+Three families decide the when, where and how of a rollout (Heddle §3): a `TurnScheduler`
+orders each worker's waiting turns, a `Router` places turns (and moves trajectories'
+KV caches), a `ResourcePlanner` picks the model-parallel degree of every worker. Policies are
+plain objects: no I/O, no clock; the simulator and the runtime both call them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+
+from loom.core.registry import Registry
+
+__all__ = [
+    "PlacementKind",
+    "ResourcePlanner",
+    "Router",
+    "SchedulerKind",
+    "TrajectoryView",
+    "TurnScheduler",
+    "WorkerLayout",
+    "WorkerView",
+]
+
+
+class TrajectoryView(Protocol):
+    """What a policy may read about a trajectory: its past, never its future."""
+
+    @property
+    def traj_id(self) -> int: ...
+    @property
+    def prompt_id(self) -> int: ...
+    @property
+    def steps_done(self) -> int: ...  # completed LLM turns
+    @property
+    def generated(self) -> int: ...  # output tokens so far
+    @property
+    def context(self) -> int: ...  # tokens in its context so far
+    @property
+    def first_arrival_s(self) -> float: ...
+    @property
+    def turn_arrival_s(self) -> float: ...  # when its current turn was submitted
+    @property
+    def predicted_total(self) -> float: ...  # latest predicted total output tokens
+    @property
+    def host(self) -> int: ...  # worker holding its latest KV cache, -1 if none
+
+
+class WorkerView(Protocol):
+    @property
+    def idx(self) -> int: ...
+    @property
+    def tp(self) -> int: ...
+    @property
+    def node(self) -> int: ...
+    @property
+    def load(self) -> int: ...  # outstanding turns: running + waiting
+    def cached_tokens(self, traj_id: int) -> int: ...  # prefix of that trajectory held here
+
+
+class TurnScheduler(Protocol):
+    """Orders a worker's waiting turns: a lower key runs first. A preemptive scheduler lets a
+    waiting turn evict the running turn with the highest key when the worker is full."""
+
+    preemptive: bool
+
+    def key(self, t: TrajectoryView, now: float) -> float: ...
+
+
+class Router(Protocol):
+    """Places trajectories on workers."""
+
+    def start(self, trajs: Sequence[TrajectoryView], workers: Sequence[WorkerView]) -> None:
+        """Called once before the first turn with every trajectory of the batch."""
+
+    def route(self, t: TrajectoryView, workers: Sequence[WorkerView], now: float) -> int:
+        """The worker that runs `t`'s next turn."""
+
+    def migrate(self, t: TrajectoryView, workers: Sequence[WorkerView], now: float) -> int | None:
+        """Called when `t` starts a tool call: a worker to move its KV cache to during the
+        call, or None to leave it where it is."""
+
+    def finish(self, t: TrajectoryView) -> None:
+        """Called when `t` has finished its last turn."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerLayout:
+    """Model-parallel degree per worker, in the order workers are numbered."""
+
+    degrees: tuple[int, ...]
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(self.degrees)
+
+
+class ResourcePlanner(Protocol):
+    """Chooses worker degrees for a GPU budget, given predicted trajectory lengths."""
+
+    def plan(self, predicted_lengths: Sequence[float], total_gpus: int) -> WorkerLayout: ...
+
+
+class SchedulerKind(StrEnum):
+    PPS = "pps"
+    FCFS = "fcfs"
+    RR = "rr"
+    SJF = "sjf"
+
+
+class PlacementKind(StrEnum):
+    HEDDLE = "heddle"  # presorted DP + runtime migration
+    CACHE_AWARE = "cache_aware"  # verl: pin a trajectory to one worker
+    LEAST_LOAD = "least_load"  # slime: each turn to the least-loaded worker
+    HYBRID = "hybrid"  # verl*/SGLang router: least-load beyond a skew threshold, else cache
+
+
+SCHEDULERS: Registry[SchedulerKind, type] = Registry("turn scheduler", SchedulerKind)
+ROUTERS: Registry[PlacementKind, type] = Registry("placement", PlacementKind)

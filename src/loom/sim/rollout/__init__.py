@@ -1,0 +1,5 @@
+"""Rollout-level simulation: continuous-batching workers, prefix caches, KV migration."""
+
+from loom.sim.rollout.simulator import RolloutConfig, RolloutResult, RolloutSimulator
+
+__all__ = ["RolloutConfig", "RolloutResult", "RolloutSimulator"]

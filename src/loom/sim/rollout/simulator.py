@@ -1,0 +1,276 @@
+"""Rollout-level simulator: trajectories alternate LLM turns on workers with tool calls.
+
+The driver owns time and state; a `TurnScheduler`, a `Router` and a worker layout (from a
+`ResourcePlanner`) decide. Events grow with turns, not tokens: workers fast-forward decode
+between batch changes. KV migrations run on the links between workers, scheduled by Heddle's
+transmission scheduler, while the trajectory is in its tool call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from loom.core.errors import ConfigError
+from loom.core.topology import GpuType, Link, LinkKind
+from loom.core.trajectory import TrajectorySpec, TrajectoryStatus
+from loom.perf.latency import LatencyModel, RooflineLatencyModel
+from loom.perf.specs import gpu_spec, model_spec
+from loom.rollout.heddle.transmission import MigrationRequest, select_batch
+from loom.rollout.policy import Router, TurnScheduler, WorkerLayout
+from loom.sim.engine import Engine
+from loom.sim.rollout.state import TrajState
+from loom.sim.rollout.worker import Worker
+
+__all__ = ["RolloutConfig", "RolloutResult", "RolloutSimulator"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutConfig:
+    """Hardware and engine settings of a simulated rollout cluster."""
+
+    model: str = field(default="qwen3-14b", metadata={"help": "model key in perf/data/models.toml"})
+    gpu: GpuType = field(default=GpuType.H100, metadata={"help": "GPU type of every worker"})
+    gpus_per_node: int = field(default=8, metadata={"help": "GPUs per node (NVLink domain)"})
+    max_running: int = field(default=256, metadata={"help": "max running turns per worker"})
+    chunk_tokens: int = field(default=8192, metadata={"help": "chunked-prefill tokens/iteration"})
+    decode_reserve: int = field(
+        default=256, metadata={"help": "KV tokens reserved per running turn at admission"}
+    )
+    inter_node_gbs: float = field(default=50.0, metadata={"help": "GB/s between nodes (400 Gb/s IB)"})
+    migrate_kv: bool = field(default=True, metadata={"help": "move KV caches when routers migrate"})
+
+    def __post_init__(self) -> None:
+        if self.gpus_per_node < 1 or self.max_running < 1 or self.chunk_tokens < 1:
+            raise ConfigError("gpus_per_node, max_running and chunk_tokens must be >= 1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutResult:
+    """Outcome of one simulated rollout batch."""
+
+    makespan_s: float
+    output_tokens: int
+    finish_s: np.ndarray  # per trajectory, by traj_id
+    queue_delay_s: np.ndarray  # per trajectory: sum over its turns
+    prefill_tokens: int  # prefilled, recomputation included
+    cache_hit_tokens: int
+    preemptions: int
+    migrations: int
+    migration_stall_s: float  # tool calls that returned before their migration finished
+    events: int
+    active_series: tuple[tuple[float, int], ...]  # (time, trajectories not yet finished)
+
+    @property
+    def throughput_tok_s(self) -> float:
+        return self.output_tokens / self.makespan_s if self.makespan_s > 0 else 0.0
+
+    @property
+    def longest_queue_delay_s(self) -> float:
+        """Total queueing delay of the trajectory that finished last (Heddle Fig. 14)."""
+        return float(self.queue_delay_s[int(np.argmax(self.finish_s))])
+
+
+class _WorkerView:
+    """Read-only face of a Worker handed to policies."""
+
+    __slots__ = ("_w",)
+
+    def __init__(self, w: Worker) -> None:
+        self._w = w
+
+    idx = property(lambda self: self._w.idx)
+    tp = property(lambda self: self._w.tp)
+    node = property(lambda self: self._w.node)
+    load = property(lambda self: self._w.load)
+
+    def cached_tokens(self, traj_id: int) -> int:
+        return self._w.cached_tokens(traj_id)
+
+
+LatencyFactory = Callable[[int], LatencyModel]
+
+
+class RolloutSimulator:
+    """Simulates one rollout batch; `run()` returns a RolloutResult. One use per instance."""
+
+    def __init__(
+        self,
+        trajectories: Sequence[TrajectorySpec],
+        layout: WorkerLayout,
+        scheduler: TurnScheduler,
+        router: Router,
+        config: RolloutConfig,
+        *,
+        predictions: Sequence[Sequence[float]] | None = None,
+        latency: LatencyFactory | None = None,
+    ) -> None:
+        if not trajectories:
+            raise ConfigError("a rollout needs at least one trajectory")
+        if not layout.degrees:
+            raise ConfigError("a rollout needs at least one worker")
+        ids = [t.traj_id for t in trajectories]
+        if sorted(ids) != list(range(len(ids))):
+            raise ConfigError("trajectory ids must be 0..n-1")
+        if predictions is not None and len(predictions) != len(trajectories):
+            raise ConfigError("need one prediction sequence per trajectory")
+        self.cfg = config
+        self.eng = Engine()
+        self.router = router
+        self.kv_bytes = model_spec(config.model).kv_bytes_per_token
+        gpu = gpu_spec(config.gpu)
+        self.nvlink = Link(kind=LinkKind.NVLINK, bandwidth_gbs=gpu.nvlink_gbs, latency_s=1e-5)
+        self.network = Link(
+            kind=LinkKind.INFINIBAND, bandwidth_gbs=config.inter_node_gbs, latency_s=2e-5
+        )
+        make_lat = latency or (lambda tp: RooflineLatencyModel(config.gpu, config.model, tp=tp))
+        self.trajs = [
+            TrajState(t, tuple(predictions[t.traj_id]) if predictions is not None else ())
+            for t in sorted(trajectories, key=lambda t: t.traj_id)
+        ]
+        self.workers = self._build_workers(layout, scheduler, make_lat)
+        self.views = [_WorkerView(w) for w in self.workers]
+        self._pending_mig: list[MigrationRequest] = []
+        self._busy: set[int] = set()
+        self.migrations = 0
+        self.migration_stall_s = 0.0
+        self._stall_since: dict[int, float] = {}
+        self._active = len(self.trajs)
+        self._series: list[tuple[float, int]] = [(0.0, self._active)]
+        self._ran = False
+
+    def _build_workers(
+        self, layout: WorkerLayout, scheduler: TurnScheduler, make_lat: LatencyFactory
+    ) -> list[Worker]:
+        workers, gpu_cursor = [], 0
+        lat_cache: dict[int, LatencyModel] = {}
+        for i, tp in enumerate(layout.degrees):
+            if tp < 1:
+                raise ConfigError(f"worker {i}: model-parallel degree must be >= 1, got {tp}")
+            node = gpu_cursor // self.cfg.gpus_per_node
+            if (gpu_cursor + tp - 1) // self.cfg.gpus_per_node != node:
+                raise ConfigError(f"worker {i} (tp={tp}) would straddle two nodes")
+            gpu_cursor += tp
+            if tp not in lat_cache:
+                lat_cache[tp] = make_lat(tp)
+            workers.append(
+                Worker(
+                    idx=i, tp=tp, node=node, latency=lat_cache[tp], scheduler=scheduler,
+                    engine=self.eng, max_running=self.cfg.max_running,
+                    chunk_tokens=self.cfg.chunk_tokens,
+                    decode_reserve=self.cfg.decode_reserve, on_turn_done=self._turn_done,
+                    on_evict=self._evicted,
+                )
+            )
+        return workers
+
+    # ---- run ---------------------------------------------------------------------------
+    def run(self) -> RolloutResult:
+        if self._ran:
+            raise RuntimeError("a RolloutSimulator runs once; build a new one")
+        self._ran = True
+        self.router.start(self.trajs, self.views)
+        touched = set()
+        for t in self.trajs:
+            w = self._route(t)
+            self.workers[w].enqueue(t, poke=False)
+            touched.add(w)
+        for w in sorted(touched):
+            self.workers[w].poke()
+        self.eng.run()
+        return self._result()
+
+    def _route(self, t: TrajState) -> int:
+        w = self.router.route(t, self.views, self.eng.now)
+        if not 0 <= w < len(self.workers):
+            raise ConfigError(f"router returned worker {w}; there are {len(self.workers)}")
+        return w
+
+    # ---- callbacks ---------------------------------------------------------------------
+    def _turn_done(self, t: TrajState, w: Worker) -> None:
+        turn = t.spec.turns[t.steps_done]
+        t.context += turn.input_tokens + turn.output_tokens
+        t.generated += turn.output_tokens
+        t.turn_generated = 0
+        t.steps_done += 1
+        if t.steps_done == t.spec.num_turns:
+            t.status = TrajectoryStatus.FINISHED
+            t.finish_s = self.eng.now
+            self._active -= 1
+            self._series.append((self.eng.now, self._active))
+            self.router.finish(t)
+            return
+        t.status = TrajectoryStatus.IN_TOOL
+        t.host = w.idx
+        t.tool_returned = False
+        w.put_idle(t.traj_id, t.context)
+        assert turn.tool_latency_s is not None
+        self.eng.after(turn.tool_latency_s, self._tool_return, t, priority=0)
+        target = self.router.migrate(t, self.views, self.eng.now)
+        if target is not None and target != w.idx and self.cfg.migrate_kv:
+            self._request_migration(t, w.idx, target)
+
+    def _tool_return(self, t: TrajState) -> None:
+        t.tool_returned = True
+        if t.migrating_to >= 0:
+            self._stall_since[t.traj_id] = self.eng.now  # wait for the KV to land
+            return
+        self.workers[self._route(t)].enqueue(t)
+
+    def _evicted(self, traj_id: int, w: Worker) -> None:
+        """A worker dropped a cached prefix; a queued migration of it has nothing to move."""
+
+    # ---- migration ---------------------------------------------------------------------
+    def _request_migration(self, t: TrajState, src: int, dst: int) -> None:
+        t.migrating_to = dst
+        self._pending_mig.append(
+            MigrationRequest(t.traj_id, src, dst, t.context, t.predicted_total)
+        )
+        self._start_migrations()
+
+    def _start_migrations(self) -> None:
+        batch = select_batch(self._pending_mig, self._busy)
+        if not batch:
+            return
+        chosen = {r.traj_id for r in batch}
+        self._pending_mig = [r for r in self._pending_mig if r.traj_id not in chosen]
+        for r in batch:
+            tokens = self.workers[r.src].cached_tokens(r.traj_id)
+            link = self.nvlink if self.workers[r.src].node == self.workers[r.dst].node else self.network
+            self._busy.update((r.src, r.dst))
+            self.eng.after(link.transfer_time_s(tokens * self.kv_bytes), self._migration_done, r, tokens)
+
+    def _migration_done(self, r: MigrationRequest, tokens: int) -> None:
+        self._busy.difference_update((r.src, r.dst))
+        t = self.trajs[r.traj_id]
+        src, dst = self.workers[r.src], self.workers[r.dst]
+        moved = min(tokens, src.drop_idle(r.traj_id))
+        if moved > 0 and dst.put_idle(r.traj_id, moved):
+            self.migrations += 1
+        t.migrating_to = -1
+        t.host = r.dst
+        if t.tool_returned:
+            self.migration_stall_s += self.eng.now - self._stall_since.pop(r.traj_id)
+            self.workers[self._route(t)].enqueue(t)
+        self._start_migrations()
+
+    # ---- result ------------------------------------------------------------------------
+    def _result(self) -> RolloutResult:
+        lost = [t.traj_id for t in self.trajs if t.status != TrajectoryStatus.FINISHED]
+        assert not lost, f"trajectories never finished: {lost[:10]}"
+        finish = np.array([t.finish_s for t in self.trajs])
+        return RolloutResult(
+            makespan_s=float(finish.max()),
+            output_tokens=sum(t.generated for t in self.trajs),
+            finish_s=finish,
+            queue_delay_s=np.array([t.queue_delay_s for t in self.trajs]),
+            prefill_tokens=sum(w.prefill_tokens for w in self.workers),
+            cache_hit_tokens=sum(w.cached_hit_tokens for w in self.workers),
+            preemptions=sum(w.preemptions for w in self.workers),
+            migrations=self.migrations,
+            migration_stall_s=self.migration_stall_s,
+            events=self.eng.events_run,
+            active_series=tuple(self._series),
+        )

@@ -1,0 +1,292 @@
+"""One inference worker under continuous batching, fast-forwarded between batch changes.
+
+Each iteration decodes one token for every decoding sequence and prefills up to
+`chunk_tokens` of one prefilling sequence (chunked prefill). Between batch changes the
+iterations are identical but for slowly growing context, so the worker plans a *segment* of
+k iterations at once (until the next prefill or turn finishes, or KV space runs out) and
+schedules a single event at its end; an arrival mid-segment completes the iteration in flight
+and re-plans. KV-cache capacity covers running sequences plus an LRU prefix cache of idle
+trajectories (in tool calls or preempted); running out evicts idle prefixes first, then
+preempts the running turn with the highest scheduler key.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from sortedcontainers import SortedList
+
+from loom.core.trajectory import TrajectoryStatus
+from loom.sim.engine import Engine
+from loom.sim.rollout.state import TrajState
+
+if TYPE_CHECKING:
+    from loom.perf.latency import LatencyModel
+    from loom.rollout.policy import TurnScheduler
+
+__all__ = ["Seq", "Worker"]
+
+
+class Seq:
+    """A turn admitted to a worker: `ctx` tokens resident, `prefill_left` still to prefill."""
+
+    __slots__ = ("key", "prefill_left", "traj")
+
+    def __init__(self, traj: TrajState, key: float, prefill_left: int) -> None:
+        self.traj = traj
+        self.key = key
+        self.prefill_left = prefill_left
+
+    @property
+    def decode_left(self) -> int:
+        return self.traj.turn_output - self.traj.turn_generated
+
+
+class Worker:
+    """Simulated inference worker (an SGLang/vLLM engine on `tp` GPUs)."""
+
+    def __init__(
+        self,
+        *,
+        idx: int,
+        tp: int,
+        node: int,
+        latency: LatencyModel,
+        scheduler: TurnScheduler,
+        engine: Engine,
+        max_running: int,
+        chunk_tokens: int,
+        decode_reserve: int,
+        on_turn_done: Callable[[TrajState, Worker], None],
+        on_evict: Callable[[int, Worker], None],
+    ) -> None:
+        self.idx, self.tp, self.node = idx, tp, node
+        self.lat = latency
+        self.capacity = int(latency.kv_capacity_tokens)
+        self.sched = scheduler
+        self.eng = engine
+        self.max_running = max_running
+        self.chunk = chunk_tokens
+        self.decode_reserve = decode_reserve
+        self._on_turn_done = on_turn_done
+        self._on_evict = on_evict
+        self.running: list[Seq] = []
+        self.waiting: SortedList = SortedList()  # (key, seq_no, traj)
+        self._wseq = 0
+        self.idle: OrderedDict[int, int] = OrderedDict()  # traj_id -> cached tokens (LRU)
+        self.used = 0  # tokens held by running sequences
+        self.idle_used = 0
+        self.reserved = 0  # KV growth promised to the segment in flight
+        self.peak_used = 0
+        self._seg: tuple[float, float, int, int] | None = None  # start, dt, k, event id
+        self.busy_s = 0.0
+        self.prefill_tokens = 0  # tokens actually prefilled (recomputation included)
+        self.cached_hit_tokens = 0
+        self.preemptions = 0
+
+    # ---- views -------------------------------------------------------------------------
+    @property
+    def load(self) -> int:
+        return len(self.running) + len(self.waiting)
+
+    def cached_tokens(self, traj_id: int) -> int:
+        return self.idle.get(traj_id, 0)
+
+    # ---- prefix cache ------------------------------------------------------------------
+    def put_idle(self, traj_id: int, tokens: int) -> bool:
+        """Keep `tokens` of a trajectory's KV cached here; False if it cannot fit."""
+        old = self.idle.pop(traj_id, 0)
+        self.idle_used -= old
+        if tokens <= 0 or not self._make_room(tokens, keep=traj_id):
+            return False
+        self.idle[traj_id] = tokens
+        self.idle_used += tokens
+        return True
+
+    def drop_idle(self, traj_id: int) -> int:
+        tokens = self.idle.pop(traj_id, 0)
+        self.idle_used -= tokens
+        return tokens
+
+    def _free(self) -> int:
+        return self.capacity - self.used - self.idle_used - self.reserved
+
+    def _make_room(self, tokens: int, keep: int = -1) -> bool:
+        """Evict least-recently-used idle prefixes (never `keep`) until `tokens` fit."""
+        while self._free() < tokens:
+            victim = next((t for t in self.idle if t != keep), None)
+            if victim is None:
+                return False
+            self.idle_used -= self.idle.pop(victim)
+            self._on_evict(victim, self)
+        return True
+
+    # ---- driver entry points -----------------------------------------------------------
+    def enqueue(self, traj: TrajState, poke: bool = True) -> None:
+        """A turn of `traj` arrives here (`poke=False` to batch several arrivals)."""
+        traj.status = TrajectoryStatus.QUEUED
+        traj.turn_arrival_s = self.eng.now
+        self._push_waiting(traj)
+        if poke:
+            self.poke()
+
+    def poke(self) -> None:
+        """Re-plan after a change: finish the iteration in flight, admit, plan a segment."""
+        start = self._settle()
+        if start is None:  # the segment ends within this iteration; its end event re-plans
+            return
+        self._admit()
+        self._plan(start)
+
+    # ---- internals ---------------------------------------------------------------------
+    def _push_waiting(self, traj: TrajState) -> None:
+        self._wseq += 1
+        self.waiting.add((self.sched.key(traj, self.eng.now), self._wseq, traj))
+
+    def _settle(self) -> float | None:
+        """Apply the progress of the current segment up to the next iteration boundary and
+        return that boundary; None when the segment ends there anyway."""
+        seg = self._seg
+        if seg is None:
+            return self.eng.now
+        start, dt, k, ev = seg
+        now = self.eng.now
+        done = 0 if now <= start else int((now - start) / dt) + 1
+        if done >= k:
+            return None
+        self.eng.cancel(ev)
+        self._seg = None
+        self.reserved = 0
+        self._apply(done, dt)
+        return start + done * dt
+
+    def _apply(self, iters: int, dt: float) -> None:
+        if iters <= 0:
+            return
+        self.busy_s += iters * dt
+        prefill_done = False
+        for s in self.running:
+            if s.prefill_left > 0:
+                if not prefill_done:  # only the first prefilling sequence gets the chunk
+                    n = min(s.prefill_left, iters * self.chunk)
+                    s.prefill_left -= n
+                    self.used += n
+                    self.prefill_tokens += n
+                    prefill_done = True
+            else:
+                s.traj.turn_generated += iters
+                self.used += iters
+        self.peak_used = max(self.peak_used, self.used + self.idle_used)
+        assert self.used + self.idle_used <= self.capacity, (
+            f"worker {self.idx}: KV over capacity ({self.used}+{self.idle_used}>{self.capacity})"
+        )
+
+    def _on_segment_end(self) -> None:
+        assert self._seg is not None
+        start, dt, k, _ = self._seg
+        self._seg = None
+        self.reserved = 0
+        self._apply(k, dt)
+        self._finish_turns()
+        self._admit()
+        self._plan(self.eng.now)
+
+    def _finish_turns(self) -> None:
+        still: list[Seq] = []
+        for s in self.running:
+            if s.prefill_left == 0 and s.decode_left <= 0:
+                traj = s.traj
+                tokens = traj.full_context()
+                self.used -= tokens
+                self._on_turn_done(traj, self)  # the driver may re-cache it here via put_idle
+            else:
+                still.append(s)
+        self.running = still
+
+    def _admit(self) -> None:
+        while self.waiting:
+            key, _, traj = self.waiting[0]
+            if len(self.running) >= self.max_running and not self._preempt_for(key):
+                return
+            cached = self.idle.get(traj.traj_id, 0)
+            need = traj.full_context() - cached
+            # Room for the prompt plus decode headroom for everyone (SGLang-style reservation).
+            reserve = self.decode_reserve * (len(self.running) + 1)
+            if not self._make_room(need + reserve, keep=traj.traj_id):
+                if not self._preempt_for(key):
+                    return
+                continue
+            self.waiting.pop(0)
+            self.drop_idle(traj.traj_id)
+            self.used += cached
+            self.cached_hit_tokens += cached
+            traj.queue_delay_s += self.eng.now - traj.turn_arrival_s
+            traj.status = TrajectoryStatus.RUNNING
+            traj.host = self.idx
+            self.running.append(Seq(traj, key, need))
+
+    def _preempt_for(self, key: float) -> bool:
+        """Preemptive schedulers evict the worst running turn if `key` outranks it."""
+        if not self.sched.preemptive or not self.running:
+            return False
+        victim = max(self.running, key=lambda s: s.key)
+        if victim.key <= key:
+            return False
+        self._preempt(victim)
+        return True
+
+    def _preempt(self, victim: Seq) -> None:
+        self.running.remove(victim)
+        self.preemptions += 1
+        tokens = victim.traj.full_context() - victim.prefill_left
+        self.used -= tokens
+        self.put_idle(victim.traj.traj_id, tokens)  # persist its KV as a cached prefix
+        victim.traj.turn_arrival_s = self.eng.now
+        victim.traj.status = TrajectoryStatus.QUEUED
+        self._push_waiting(victim.traj)
+
+    def _plan(self, start: float) -> None:
+        while self.running:
+            k, dt, growth = self._segment()
+            if k > 0:
+                self.reserved = growth
+                ev = self.eng.schedule(start + k * dt, self._on_segment_end, priority=1)
+                self._seg = (start, dt, k, ev)
+                return
+            # No room to grow: free idle prefixes, else preempt or stall the worst turn.
+            victim = max(self.running, key=lambda s: s.key)
+            assert len(self.running) > 1, f"worker {self.idx}: one turn exceeds KV capacity"
+            self._preempt(victim)
+        self._seg = None
+
+    def _segment(self) -> tuple[int, float, int]:
+        """Iterations until the next batch change, the time of one iteration, and the KV
+        tokens the segment may add."""
+        n_dec, dec_ctx, k = 0, 0, math.inf
+        pre: Seq | None = None
+        for s in self.running:
+            if s.prefill_left > 0:
+                if pre is None:
+                    pre = s
+            else:
+                n_dec += 1
+                dec_ctx += s.traj.full_context()
+                k = min(k, s.decode_left)
+        chunk = 0
+        if pre is not None:
+            chunk = min(self.chunk, pre.prefill_left)
+            k = min(k, math.ceil(pre.prefill_left / self.chunk))
+        growth = n_dec + chunk
+        if growth * k > self._free():
+            self._make_room(growth * int(k))
+            k = min(k, self._free() // max(growth, 1))
+        k = int(k)
+        if k <= 0:
+            return 0, 0.0, 0
+        mid = dec_ctx + n_dec * k // 2
+        pre_ctx = pre.traj.full_context() - pre.prefill_left if pre is not None else 0
+        dt = self.lat.iteration_time(n_dec, mid, chunk, pre_ctx)
+        return k, dt, growth * k
