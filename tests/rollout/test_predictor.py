@@ -298,3 +298,5 @@ def test_boosting_config_is_validated() -> None:
         BoostingConfig(max_iter=0)
     with pytest.raises(ConfigError, match="learning_rate"):
         BoostingConfig(learning_rate=0.0)
+    with pytest.raises(ConfigError, match="threads"):
+        BoostingConfig(threads=0)

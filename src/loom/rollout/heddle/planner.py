@@ -81,13 +81,15 @@ def _cost(model: DegreeCostModel, degree: int) -> WorkerCost:
 
 class SimulatedDegreeCost:
     """T and F per degree measured by simulation, as Heddle derives F (§5.2, "Interference
-    Factor"): k copies of a typical historical trajectory run on one worker of that degree
-    in the rollout simulator; F(k) = makespan(k) / makespan(1) and T = makespan(1) / length.
-    Sizes between the profiled grid points are interpolated; F is made non-decreasing."""
+    Factor"): groups drawn from historical trajectories run alone on one worker of that
+    degree in the rollout simulator. T = makespan / length for the median trajectory alone;
+    F(k) = makespan(k) / (longest length · T) for k trajectories taken at evenly spaced
+    length quantiles of the history (so a group's short members drop out as they would).
+    Sizes between grid points are interpolated; F is made non-decreasing and >= 1."""
 
     def __init__(
         self,
-        template: TrajectorySpec,
+        history: Sequence[TrajectorySpec],
         config: RolloutConfig,
         max_group: int,
         *,
@@ -96,10 +98,12 @@ class SimulatedDegreeCost:
     ) -> None:
         if max_group < 1:
             raise ConfigError("max_group must be >= 1")
-        self.template = template
+        if not history:
+            raise ConfigError("SimulatedDegreeCost needs historical trajectories")
+        self.history = sorted(history, key=lambda t: (t.output_tokens, t.traj_id))
         self.config = config
         self.max_group = max_group
-        self.grid = tuple(sorted({g for g in grid if g >= 1} | {1}))
+        self.grid = tuple(sorted({g for g in grid if 1 <= g <= len(self.history)} | {1}))
         self.min_kv_tokens = min_kv_tokens
         self._costs: dict[int, WorkerCost] = {}
 
@@ -110,12 +114,18 @@ class SimulatedDegreeCost:
             return False
         return lat.kv_capacity_tokens >= self.min_kv_tokens
 
-    def makespan(self, degree: int, copies: int) -> float:
-        """Simulated makespan of `copies` copies of the template alone on one worker."""
+    def sample(self, k: int) -> list[TrajectorySpec]:
+        """The k longest historical trajectories (k=1: the median), the members of the
+        groups whose completion bounds the makespan."""
+        n = len(self.history)
+        idx = [n // 2] if k == 1 else list(range(n - k, n))
+        return [replace(self.history[j], traj_id=i) for i, j in enumerate(idx)]
+
+    def makespan(self, degree: int, trajs: Sequence[TrajectorySpec]) -> float:
+        """Simulated makespan of `trajs` alone on one worker of `degree`."""
         from loom.rollout.baselines import CacheAwareRouter, FcfsScheduler
         from loom.sim.rollout.simulator import RolloutSimulator
 
-        trajs = [replace(self.template, traj_id=i) for i in range(copies)]
         sim = RolloutSimulator(
             trajs, WorkerLayout(degrees=(degree,)), FcfsScheduler(), CacheAwareRouter(),
             self.config,
@@ -128,13 +138,23 @@ class SimulatedDegreeCost:
         return self._costs[degree]
 
     def _profile(self, degree: int) -> WorkerCost:
-        sizes = [g for g in self.grid if g < self.max_group] + [self.max_group]
-        spans = np.array([self.makespan(degree, k) for k in sizes])
-        base = spans[0]
-        factors = np.interp(np.arange(self.max_group + 1), sizes, spans / base)
-        factors[0] = 1.0
-        curve = np.maximum.accumulate(np.maximum(factors, 1.0))
-        return WorkerCost(token_time=base / self.template.output_tokens, interference=curve)
+        median = self.sample(1)
+        token_time = self.makespan(degree, median) / median[0].output_tokens
+        sizes = list(self.grid)
+        factors = []
+        for k in sizes:
+            group = self.sample(k)
+            longest = max(t.output_tokens for t in group)
+            factors.append(self.makespan(degree, group) / (longest * token_time))
+        ks = np.arange(self.max_group + 1, dtype=float)
+        curve = np.interp(ks, sizes, factors)
+        if self.max_group > sizes[-1] and len(sizes) > 1:  # extend the last slope
+            slope = (factors[-1] - factors[-2]) / (sizes[-1] - sizes[-2])
+            tail = ks > sizes[-1]
+            curve[tail] = factors[-1] + slope * (ks[tail] - sizes[-1])
+        curve[0] = 1.0
+        curve = np.maximum.accumulate(np.maximum(curve, 1.0))
+        return WorkerCost(token_time=token_time, interference=curve)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy import stats
 from sklearn.ensemble import HistGradientBoostingRegressor
+from threadpoolctl import threadpool_limits
 
 from loom.core.errors import ConfigError
 from loom.core.trajectory import TrajectorySpec, WorkloadKind
@@ -49,6 +50,8 @@ __all__ = [
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
+# NOTE: the tool output returned after step k - 1 is stored as turns[k].input_tokens, so the
+# causal contract (turns [0, k) only) excludes it; "last_tool_output" is the one step k - 1 read.
 STEP_FEATURE_NAMES: tuple[str, ...] = (
     "steps_done",  # k
     "generated",  # output tokens of turns [0, k)
@@ -84,6 +87,12 @@ class BoostingConfig:
     min_samples_leaf: int = field(default=20, metadata={"help": "minimum rows per leaf"})
     l2_regularization: float = field(default=0.0, metadata={"help": "L2 penalty on leaves"})
     random_state: int = field(default=0, metadata={"help": "seed; fits are deterministic"})
+    # NOTE: one thread by default. The tables are small (~10^4 rows), and on small shared
+    # machines OpenMP barriers in scikit-learn's boosting sporadically stall for seconds
+    # (a 0.2 s fit took 6-15 s on 2 vCPUs); a single thread is both fast and steady.
+    threads: int | None = field(
+        default=1, metadata={"help": "OpenMP threads for fit and predict; None: library default"}
+    )
 
     def __post_init__(self) -> None:
         if self.max_iter < 1 or self.max_leaf_nodes < 2 or self.min_samples_leaf < 1:
@@ -91,11 +100,17 @@ class BoostingConfig:
                 f"boosting needs max_iter >= 1, max_leaf_nodes >= 2, min_samples_leaf >= 1; "
                 f"got {self.max_iter}, {self.max_leaf_nodes}, {self.min_samples_leaf}"
             )
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"threads must be >= 1 or None, got {self.threads}")
         if not self.learning_rate > 0 or not self.l2_regularization >= 0:
             raise ConfigError(
                 f"boosting needs learning_rate > 0 and l2_regularization >= 0; "
                 f"got {self.learning_rate}, {self.l2_regularization}"
             )
+
+    def thread_limit(self) -> threadpool_limits:
+        """Context in which to fit and predict."""
+        return threadpool_limits(limits=self.threads, user_api="openmp")
 
     def regressor(self) -> HistGradientBoostingRegressor:
         # NOTE: no early stopping: its validation split would tie the fit to the data order.
@@ -249,7 +264,8 @@ class ProgressivePredictor:
         remaining = totals[rows.traj_index] - rows.generated
         assert (remaining >= 1).all(), "every step-k prefix leaves turn k to generate"
         model = self.config.regressor()
-        model.fit(rows.features, np.log1p(remaining))
+        with self.config.thread_limit():
+            model.fit(rows.features, np.log1p(remaining))
         self._model, self._width = model, rows.features.shape[1] - len(STEP_FEATURE_NAMES)
         return self
 
@@ -259,7 +275,9 @@ class ProgressivePredictor:
             return []
         _check_width(trajs, self._width, type(self).__name__)
         rows = steps_features(trajs)
-        remaining = np.maximum(0.0, np.expm1(model.predict(rows.features)))
+        with self.config.thread_limit():
+            log_remaining = model.predict(rows.features)
+        remaining = np.maximum(0.0, np.expm1(log_remaining))
         return _split(rows.generated + remaining, trajs)
 
     def _fitted(self) -> HistGradientBoostingRegressor:
@@ -310,7 +328,8 @@ class PromptModelPredictor:
         x = np.array([s.prompt_features for s in history], dtype=np.float64)
         y = np.log1p(np.array([s.output_tokens for s in history], dtype=np.float64))
         model = self.config.regressor()
-        model.fit(x, y)
+        with self.config.thread_limit():
+            model.fit(x, y)
         self._model, self._width = model, width
         return self
 
@@ -321,7 +340,9 @@ class PromptModelPredictor:
             return []
         _check_width(trajs, self._width, type(self).__name__)
         x = np.array([s.prompt_features for s in trajs], dtype=np.float64)
-        totals = np.maximum(0.0, np.expm1(self._model.predict(x)))
+        with self.config.thread_limit():
+            log_totals = self._model.predict(x)
+        totals = np.maximum(0.0, np.expm1(log_totals))
         return [(float(v),) * s.num_turns for v, s in zip(totals, trajs, strict=True)]
 
 

@@ -37,7 +37,7 @@ class RolloutConfig:
     max_running: int = field(default=256, metadata={"help": "max running turns per worker"})
     chunk_tokens: int = field(default=8192, metadata={"help": "chunked-prefill tokens/iteration"})
     decode_reserve: int = field(
-        default=256, metadata={"help": "KV tokens reserved per running turn at admission"}
+        default=2048, metadata={"help": "KV tokens reserved per running turn at admission"}
     )
     inter_node_gbs: float = field(default=50.0, metadata={"help": "GB/s between nodes (400 Gb/s IB)"})
     migrate_kv: bool = field(default=True, metadata={"help": "move KV caches when routers migrate"})

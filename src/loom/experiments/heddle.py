@@ -1,0 +1,345 @@
+"""Heddle's evaluation (§7) as runs of registered policies on the rollout simulator.
+
+Every system sees the same seeded batch of trajectories per (workload, model). Baselines
+use round-robin scheduling and homogeneous model parallelism (1, 1, 2 for Qwen3-8B/14B/32B,
+§7.1) with 100 trajectories per worker; Heddle gets the same GPUs and the same global batch,
+and chooses its own layout. Ablations (Fig. 14–16) swap one component of Heddle at a time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from loom.core.topology import GpuType
+from loom.core.trajectory import TrajectorySpec, WorkloadKind
+from loom.experiments.report import Record, bar_plot
+from loom.rollout.baselines import CacheAwareRouter, HybridRouter, LeastLoadRouter
+from loom.rollout.heddle.placement import presorted_dp_hetero
+from loom.rollout.heddle.planner import AnnealingPlanner, FixedPlanner, SimulatedDegreeCost
+from loom.rollout.heddle.predictor import ProgressivePredictor, evaluate_predictors
+from loom.rollout.heddle.resource_manager import anneal_allocation
+from loom.rollout.heddle.router import HeddleRouter
+from loom.rollout.policy import SCHEDULERS, PlacementKind, Router, SchedulerKind, WorkerLayout
+from loom.sim.rollout.simulator import RolloutConfig, RolloutResult, RolloutSimulator
+from loom.sim.workloads.agentic import AgenticWorkload
+
+__all__ = ["HeddleScale", "Scenario", "SystemSpec", "plot", "run_experiments"]
+
+MODELS = ("qwen3-8b", "qwen3-14b", "qwen3-32b")
+BASE_TP = {"qwen3-8b": 1, "qwen3-14b": 1, "qwen3-32b": 2}  # §7.1: max-throughput MP
+WORKLOADS = (WorkloadKind.CODING, WorkloadKind.SEARCH, WorkloadKind.MATH)
+ABLATION_MODEL = "qwen3-14b"  # §7.2–7.4 use Qwen3-14B
+
+
+@dataclass(frozen=True, kw_only=True)
+class HeddleScale:
+    """Cluster and batch size: the paper's 64 GPUs, or 8 for `--quick`."""
+
+    gpus: int
+    per_worker_batch: int = 100  # §7.1: 100 trajectories per baseline worker
+    samples: int = 16
+    gpu: GpuType = GpuType.H100
+    history_epochs: tuple[int, ...] = (0, 1, 2)
+
+    @classmethod
+    def for_run(cls, quick: bool) -> HeddleScale:
+        return cls(gpus=8) if quick else cls(gpus=64)
+
+    def num_prompts(self, model: str) -> int:
+        workers = self.gpus // BASE_TP[model]
+        return max(1, workers * self.per_worker_batch // self.samples)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SystemSpec:
+    """One rollout system: a scheduler, a placement and a layout (None = Heddle's planner)."""
+
+    scheduler: SchedulerKind
+    placement: PlacementKind
+    degree: int | None = None  # homogeneous degree; None: trajectory-adaptive (§6)
+    skew_threshold: float = 32.0
+
+
+def baseline_systems(model: str) -> dict[str, SystemSpec]:
+    tp = BASE_TP[model]
+    rr = SchedulerKind.RR
+    return {
+        "verl": SystemSpec(scheduler=rr, placement=PlacementKind.CACHE_AWARE, degree=tp),
+        "slime": SystemSpec(scheduler=rr, placement=PlacementKind.LEAST_LOAD, degree=tp),
+        "verl_star": SystemSpec(scheduler=rr, placement=PlacementKind.HYBRID, degree=tp),
+    }
+
+
+HEDDLE = SystemSpec(scheduler=SchedulerKind.PPS, placement=PlacementKind.HEDDLE)
+
+
+@dataclass
+class Scenario:
+    """One (workload, model) cell: its batch, history, predictions and cost model."""
+
+    kind: WorkloadKind
+    model: str
+    scale: HeddleScale
+    seed: int
+    trajs: list[TrajectorySpec] = field(init=False)
+    history: list[TrajectorySpec] = field(init=False)
+    predictions: list[tuple[float, ...]] = field(init=False)
+    cost: SimulatedDegreeCost = field(init=False)
+    config: RolloutConfig = field(init=False)
+    _layout: WorkerLayout | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        wl = AgenticWorkload(
+            kind=self.kind, model=self.model, num_prompts=self.scale.num_prompts(self.model),
+            samples=self.scale.samples, prompt_seed=self.seed,
+        )
+        self.workload = wl
+        self.trajs = wl.sample(100 + self.seed)
+        self.history = [t for e in self.scale.history_epochs for t in wl.sample(e)]
+        self.predictions = ProgressivePredictor().fit(self.history).predict_steps(self.trajs)
+        self.config = RolloutConfig(model=self.model, gpu=self.scale.gpu)
+        recent = wl.sample(self.scale.history_epochs[-1])
+        self.cost = SimulatedDegreeCost(recent, self.config, max_group=len(self.trajs))
+
+    @property
+    def initial_lengths(self) -> list[float]:
+        return [p[0] for p in self.predictions]
+
+    def heddle_layout(self) -> WorkerLayout:
+        if self._layout is None:
+            planner = AnnealingPlanner(cost=self.cost, seed=self.seed)
+            self._layout = planner.plan(self.initial_lengths, self.scale.gpus)
+        return self._layout
+
+    def layout(self, spec: SystemSpec) -> WorkerLayout:
+        if spec.degree is None:
+            return self.heddle_layout()
+        return FixedPlanner(degree=spec.degree).plan(self.initial_lengths, self.scale.gpus)
+
+    def router(self, spec: SystemSpec) -> Router:
+        return ROUTER_FACTORIES[spec.placement](self, spec)
+
+    def simulate(self, spec: SystemSpec) -> RolloutResult:
+        sim = RolloutSimulator(
+            self.trajs, self.layout(spec), SCHEDULERS.get(spec.scheduler)(), self.router(spec),
+            self.config, predictions=self.predictions,
+        )
+        return sim.run()
+
+
+ROUTER_FACTORIES: dict[PlacementKind, Callable[[Scenario, SystemSpec], Router]] = {
+    PlacementKind.HEDDLE: lambda s, _: HeddleRouter(s.cost),
+    PlacementKind.CACHE_AWARE: lambda s, _: CacheAwareRouter(),
+    PlacementKind.LEAST_LOAD: lambda s, _: LeastLoadRouter(),
+    PlacementKind.HYBRID: lambda s, spec: HybridRouter(threshold=spec.skew_threshold),
+}
+
+
+def _result_fields(res: RolloutResult) -> Record:
+    return {
+        "throughput_tok_s": res.throughput_tok_s,
+        "rollout_time_s": res.makespan_s,
+        "output_tokens": res.output_tokens,
+        "prefill_tokens": res.prefill_tokens,
+        "preemptions": res.preemptions,
+        "migrations": res.migrations,
+    }
+
+
+# ---- the experiments: each yields (label, thunk) so the caller can show progress ----------
+Task = tuple[str, Callable[[], list[Record]]]
+
+
+def fig12_tasks(cells: Callable[[WorkloadKind, str], Scenario], models: tuple[str, ...]) -> Iterator[Task]:
+    for model in models:
+        for kind in WORKLOADS:
+            systems = {"heddle": HEDDLE, **baseline_systems(model)}
+            for name, spec in systems.items():
+                def run(kind: WorkloadKind = kind, model: str = model, name: str = name,
+                        spec: SystemSpec = spec) -> list[Record]:
+                    scn = cells(kind, model)
+                    res = scn.simulate(spec)
+                    layout = scn.layout(spec)
+                    return [{"experiment": "fig12", "workload": kind.value, "model": model,
+                             "policy": name, "gpus": layout.num_gpus,
+                             "layout": "x".join(map(str, layout.degrees)),
+                             **_result_fields(res)}]
+                yield f"fig12 {model} {kind.value} {name}", run
+
+
+def fig13_tasks(scale: HeddleScale, seed: int) -> Iterator[Task]:
+    for kind in WORKLOADS:
+        def run(kind: WorkloadKind = kind) -> list[Record]:
+            wl = AgenticWorkload(kind=kind, model=ABLATION_MODEL,
+                                 num_prompts=scale.num_prompts(ABLATION_MODEL),
+                                 samples=scale.samples, prompt_seed=seed)
+            rows = evaluate_predictors(wl, scale.history_epochs, 100 + seed)
+            return [{"experiment": "fig13", "model": ABLATION_MODEL, **r} for r in rows]
+        yield f"fig13 {kind.value}", run
+
+
+def _ablation_tasks(
+    exp: str, cells: Callable[[WorkloadKind, str], Scenario], variants: dict[str, SystemSpec],
+    extra: Callable[[RolloutResult], Record],
+) -> Iterator[Task]:
+    for kind in WORKLOADS:
+        for name, spec in variants.items():
+            def run(kind: WorkloadKind = kind, name: str = name,
+                    spec: SystemSpec = spec) -> list[Record]:
+                scn = cells(kind, ABLATION_MODEL)
+                res = scn.simulate(spec)
+                layout = scn.layout(spec)
+                return [{"experiment": exp, "workload": kind.value, "model": ABLATION_MODEL,
+                         "policy": name, "layout": "x".join(map(str, layout.degrees)),
+                         **_result_fields(res), **extra(res)}]
+            yield f"{exp} {kind.value} {name}", run
+
+
+def fig14_tasks(cells: Callable[[WorkloadKind, str], Scenario]) -> Iterator[Task]:
+    variants = {k.value: SystemSpec(scheduler=k, placement=PlacementKind.HEDDLE)
+                for k in (SchedulerKind.PPS, SchedulerKind.FCFS, SchedulerKind.RR, SchedulerKind.SJF)}
+    return _ablation_tasks("fig14", cells, variants,
+                           lambda r: {"longest_queue_delay_s": r.longest_queue_delay_s})
+
+
+def fig15_tasks(cells: Callable[[WorkloadKind, str], Scenario]) -> Iterator[Task]:
+    pps = SchedulerKind.PPS
+    variants = {
+        "heddle": HEDDLE,
+        # §7.3: least-load beyond a load-imbalance threshold, else longest cached prefix.
+        "least_load": SystemSpec(scheduler=pps, placement=PlacementKind.HYBRID, skew_threshold=2.0),
+        "cache_aware": SystemSpec(scheduler=pps, placement=PlacementKind.CACHE_AWARE),
+    }
+    return _ablation_tasks("fig15", cells, variants, lambda r: {})
+
+
+def fig16_tasks(cells: Callable[[WorkloadKind, str], Scenario]) -> Iterator[Task]:
+    pps, hp = SchedulerKind.PPS, PlacementKind.HEDDLE
+    variants = {
+        "heddle": HEDDLE,
+        "fix1": SystemSpec(scheduler=pps, placement=hp, degree=1),
+        "fix8": SystemSpec(scheduler=pps, placement=hp, degree=8),
+    }
+    return _ablation_tasks("fig16", cells, variants, lambda r: {})
+
+
+def table2_tasks(cells: Callable[[WorkloadKind, str], Scenario], models: tuple[str, ...],
+                 repeats: int) -> Iterator[Task]:
+    """Decision time of the placement DP and of the annealing resource manager (Table 2)."""
+    for model in models:
+        for kind in WORKLOADS:
+            def run(kind: WorkloadKind = kind, model: str = model) -> list[Record]:
+                scn = cells(kind, model)
+                lengths = scn.initial_lengths
+                layout = scn.heddle_layout()
+                costs = [scn.cost(d) for d in layout.degrees]
+                allowed = tuple(d for d in (1, 2, 4, 8) if scn.cost.feasible(d))
+                place = _median_ms(lambda: presorted_dp_hetero(lengths, costs), repeats)
+                manage = _median_ms(lambda: anneal_allocation(
+                    lengths, scn.scale.gpus, scn.cost, degrees=allowed, seed=scn.seed), repeats)
+                common = {"experiment": "table2", "workload": kind.value, "model": model,
+                          "trajectories": len(lengths), "gpus": scn.scale.gpus}
+                return [{**common, "policy": "placement", "workers": len(costs),
+                         "decision_ms": place},
+                        {**common, "policy": "resource_manager", "workers": len(costs),
+                         "decision_ms": manage}]
+            yield f"table2 {model} {kind.value}", run
+
+
+def _median_ms(fn: Callable[[], object], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return float(np.median(times))
+
+
+def run_experiments(
+    seed: int, quick: bool, *, models: tuple[str, ...] = MODELS
+) -> tuple[int, Iterator[Task]]:
+    """All of §7's experiments as tasks: (count, iterator of (label, thunk))."""
+    scale = HeddleScale.for_run(quick)
+    cache: dict[tuple[WorkloadKind, str], Scenario] = {}
+
+    def cells(kind: WorkloadKind, model: str) -> Scenario:
+        if (kind, model) not in cache:
+            cache[(kind, model)] = Scenario(kind=kind, model=model, scale=scale, seed=seed)
+        return cache[(kind, model)]
+
+    groups = [
+        list(fig12_tasks(cells, models)),
+        list(fig13_tasks(scale, seed)),
+        list(fig14_tasks(cells)),
+        list(fig15_tasks(cells)),
+        list(fig16_tasks(cells)),
+        list(table2_tasks(cells, models, repeats=3 if quick else 7)),
+    ]
+    tasks = [t for g in groups for t in g]
+    return len(tasks), iter(tasks)
+
+
+def plot(records: list[Record], out: Path) -> list[Path]:
+    """Fig. 12–16 as PNG bar charts under `out`."""
+    by: dict[str, list[Record]] = {}
+    for r in records:
+        by.setdefault(r["experiment"], []).append(r)
+    paths = []
+    if "fig12" in by:
+        paths.append(bar_plot(by["fig12"], x="workload", hue="policy", metric="throughput_tok_s",
+                              facet="model", path=out / "fig12.png",
+                              title="Fig. 12: rollout throughput (tokens/s)"))
+    if "fig13" in by:
+        for metric in ("recall", "pearson"):
+            paths.append(bar_plot(by["fig13"], x="workload", hue="policy", metric=metric,
+                                  path=out / f"fig13_{metric}.png",
+                                  title=f"Fig. 13: prediction {metric}"))
+    if "fig14" in by:
+        for metric in ("rollout_time_s", "longest_queue_delay_s"):
+            paths.append(bar_plot(by["fig14"], x="workload", hue="policy", metric=metric,
+                                  path=out / f"fig14_{metric}.png",
+                                  title=f"Fig. 14: scheduling, {metric}"))
+    for exp, title in (("fig15", "placement"), ("fig16", "resource manager")):
+        if exp in by:
+            paths.append(bar_plot(by[exp], x="workload", hue="policy", metric="throughput_tok_s",
+                                  path=out / f"{exp}.png",
+                                  title=f"Fig. {exp[3:]}: {title}, throughput (tokens/s)"))
+    if "table2" in by:
+        paths.append(bar_plot(by["table2"], x="workload", hue="policy", metric="decision_ms",
+                              facet="model", path=out / "table2.png",
+                              title="Table 2: decision time (ms)"))
+    return paths
+
+
+def summary(records: list[Record]) -> list[Record]:
+    """Headline ratios: Heddle over the best baseline (Fig. 12), PPS over the others (Fig. 14)."""
+    rows: list[Record] = []
+    f12 = [r for r in records if r["experiment"] == "fig12"]
+    for model in dict.fromkeys(r["model"] for r in f12):
+        for kind in WORKLOADS:
+            cell = {r["policy"]: r["throughput_tok_s"] for r in f12
+                    if r["model"] == model and r["workload"] == kind.value}
+            if "heddle" not in cell:
+                continue
+            best = max(v for k, v in cell.items() if k != "heddle")
+            rows.append({"experiment": "summary", "workload": kind.value, "model": model,
+                         "policy": "heddle", "vs_best_baseline": cell["heddle"] / best,
+                         "vs_verl": cell["heddle"] / cell["verl"],
+                         "vs_slime": cell["heddle"] / cell["slime"],
+                         "vs_verl_star": cell["heddle"] / cell["verl_star"]})
+    f14 = [r for r in records if r["experiment"] == "fig14"]
+    for kind in WORKLOADS:
+        cell = {r["policy"]: r["rollout_time_s"] for r in f14 if r["workload"] == kind.value}
+        if "pps" in cell:
+            rows.append({"experiment": "summary", "workload": kind.value,
+                         "model": ABLATION_MODEL, "policy": "pps",
+                         "speedup_vs_slowest_other": max(v for k, v in cell.items() if k != "pps")
+                         / cell["pps"],
+                         "speedup_vs_fastest_other": min(v for k, v in cell.items() if k != "pps")
+                         / cell["pps"]})
+    return rows

@@ -1,0 +1,42 @@
+"""The systems `loom reproduce` knows, keyed by enum."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+from loom.core.registry import Registry
+from loom.experiments.report import Record
+
+__all__ = ["SYSTEMS", "Reproduction", "SystemKind"]
+
+
+class SystemKind(StrEnum):
+    HEDDLE = "heddle"
+
+
+@dataclass(frozen=True)
+class Reproduction:
+    """How to reproduce one system: tasks to run, plots to draw, headline ratios."""
+
+    tasks: Callable[[int, bool], tuple[int, Iterator[tuple[str, Callable[[], list[Record]]]]]]
+    plot: Callable[[list[Record], Path], list[Path]]
+    summary: Callable[[list[Record]], list[Record]]
+
+
+SYSTEMS: Registry[SystemKind, Reproduction] = Registry("system", SystemKind)
+
+
+def _heddle() -> Reproduction:
+    from loom.experiments import heddle
+
+    return Reproduction(
+        tasks=lambda seed, quick: heddle.run_experiments(seed, quick),
+        plot=heddle.plot,
+        summary=heddle.summary,
+    )
+
+
+SYSTEMS.add(SystemKind.HEDDLE, _heddle())
