@@ -16,6 +16,7 @@ from loom.rollout.policy import (
 )
 
 __all__ = [
+    "NonPreemptive",
     "CacheAwareRouter",
     "FcfsScheduler",
     "HybridRouter",
@@ -25,12 +26,19 @@ __all__ = [
 ]
 
 
+class NonPreemptive:
+    """Mixin-free helper: the step-centric baselines never preempt."""
+
+    preemptive = False
+
+    def outranks(self, waiting: float, running: float) -> bool:
+        return False
+
+
 @SCHEDULERS.register(SchedulerKind.FCFS)
 @dataclass
-class FcfsScheduler:
+class FcfsScheduler(NonPreemptive):
     """First come, first served at trajectory granularity: earlier trajectories go first."""
-
-    preemptive: bool = False
 
     def key(self, t: TrajectoryView, now: float) -> float:
         return t.first_arrival_s + t.traj_id * 1e-9
@@ -38,10 +46,8 @@ class FcfsScheduler:
 
 @SCHEDULERS.register(SchedulerKind.RR)
 @dataclass
-class RoundRobinScheduler:
+class RoundRobinScheduler(NonPreemptive):
     """Step-centric: a turn back from a tool call joins the tail, like a new request."""
-
-    preemptive: bool = False
 
     def key(self, t: TrajectoryView, now: float) -> float:
         return t.turn_arrival_s
@@ -49,11 +55,9 @@ class RoundRobinScheduler:
 
 @SCHEDULERS.register(SchedulerKind.SJF)
 @dataclass
-class SjfScheduler:
+class SjfScheduler(NonPreemptive):
     """Autellix-like shortest-job-first: least attained service (tokens generated) first, so
     programs that have run little are not blocked behind long ones (program-level LAS)."""
-
-    preemptive: bool = False
 
     def key(self, t: TrajectoryView, now: float) -> float:
         return float(t.generated)

@@ -70,6 +70,9 @@ class TurnScheduler(Protocol):
 
     def key(self, t: TrajectoryView, now: float) -> float: ...
 
+    def outranks(self, waiting: float, running: float) -> bool:
+        """Whether a waiting turn with key `waiting` may preempt one running with `running`."""
+
 
 class Router(Protocol):
     """Places trajectories on workers."""

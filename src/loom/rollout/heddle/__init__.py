@@ -1,1 +1,33 @@
-"""Heddle (trajectory-centric agentic rollout): placement and resource management policies."""
+"""Heddle (seed 003): trajectory-centric rollout — progressive prediction and priority
+scheduling, presorted-DP placement with migration, and adaptive model parallelism."""
+
+from loom.rollout.heddle.placement import Placement, WorkerCost, presorted_dp, presorted_dp_hetero
+from loom.rollout.heddle.planner import AnnealingPlanner, FixedPlanner, SimulatedDegreeCost
+from loom.rollout.heddle.predictor import (
+    ProgressivePredictor,
+    PromptHistoryPredictor,
+    PromptModelPredictor,
+)
+from loom.rollout.heddle.resource_manager import Allocation, anneal_allocation
+from loom.rollout.heddle.router import HeddleRouter
+from loom.rollout.heddle.scheduler import ProgressivePriorityScheduler
+from loom.rollout.heddle.transmission import MigrationRequest, select_batch
+
+__all__ = [
+    "Allocation",
+    "AnnealingPlanner",
+    "FixedPlanner",
+    "HeddleRouter",
+    "MigrationRequest",
+    "Placement",
+    "ProgressivePredictor",
+    "ProgressivePriorityScheduler",
+    "PromptHistoryPredictor",
+    "PromptModelPredictor",
+    "SimulatedDegreeCost",
+    "WorkerCost",
+    "anneal_allocation",
+    "presorted_dp",
+    "presorted_dp_hetero",
+    "select_batch",
+]

@@ -233,7 +233,7 @@ class Worker:
         if not self.sched.preemptive or not self.running:
             return False
         victim = max(self.running, key=lambda s: s.key)
-        if victim.key <= key:
+        if not self.sched.outranks(key, victim.key):
             return False
         self._preempt(victim)
         return True

@@ -1,0 +1,128 @@
+"""Invariants of the rollout simulator under every scheduler and router."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from loom.core.errors import ConfigError
+from loom.core.trajectory import TrajectorySpec, TurnSpec, WorkloadKind
+from loom.rollout.baselines import CacheAwareRouter, HybridRouter, LeastLoadRouter
+from loom.rollout.heddle.planner import DegreeCostModel
+from loom.rollout.heddle.router import HeddleRouter
+from loom.rollout.policy import SCHEDULERS, SchedulerKind, WorkerLayout
+from loom.sim.rollout import RolloutConfig, RolloutSimulator
+from loom.sim.workloads import AgenticWorkload
+
+COST = DegreeCostModel(gpu="h100", model="qwen3-8b", context_per_seq=4000, max_group=64)
+ROUTERS = {
+    "cache": CacheAwareRouter,
+    "least": LeastLoadRouter,
+    "hybrid": HybridRouter,
+    "heddle": lambda: HeddleRouter(COST),
+}
+
+
+def _oracle(trajs):
+    return [tuple(float(t.output_tokens) * (1 + 0.1 * k) for k in range(t.num_turns))
+            for t in trajs]
+
+
+def _run(trajs, layout, sched, router, cfg=None, preds=None):
+    cfg = cfg or RolloutConfig(model="qwen3-8b")
+    sim = RolloutSimulator(trajs, WorkerLayout(degrees=layout), SCHEDULERS.get(sched)(),
+                           ROUTERS[router](), cfg, predictions=preds)
+    return sim, sim.run()
+
+
+@pytest.fixture(scope="module")
+def batch():
+    return AgenticWorkload(kind=WorkloadKind.CODING, model="qwen3-8b", num_prompts=4).sample(1)
+
+
+@pytest.mark.parametrize("sched", [k.value for k in SchedulerKind])
+@pytest.mark.parametrize("router", sorted(ROUTERS))
+def test_nothing_lost_nothing_over_capacity(batch, sched, router):
+    sim, res = _run(batch, (4, 2, 1, 1), sched, router, preds=_oracle(batch))
+    assert np.all(np.isfinite(res.finish_s))  # every trajectory finished
+    assert res.output_tokens == sum(t.output_tokens for t in batch)
+    for w in sim.workers:
+        assert w.peak_used <= w.capacity
+        assert w.used == 0 and not w.running and not w.waiting
+    # A trajectory cannot finish before its own tool time plus one token per output.
+    floor = np.array([t.tool_time_s for t in batch])
+    assert np.all(res.finish_s >= floor)
+
+
+def test_same_seed_same_result(batch):
+    _, a = _run(batch, (2, 2), "pps", "heddle", preds=_oracle(batch))
+    _, b = _run(batch, (2, 2), "pps", "heddle", preds=_oracle(batch))
+    assert a.makespan_s == b.makespan_s
+    assert np.array_equal(a.finish_s, b.finish_s) and a.prefill_tokens == b.prefill_tokens
+
+
+def test_cache_affinity_saves_prefill(batch):
+    _, pinned = _run(batch, (1, 1, 1, 1), "rr", "cache")
+    _, spread = _run(batch, (1, 1, 1, 1), "rr", "least")
+    assert pinned.cache_hit_tokens > spread.cache_hit_tokens
+    assert pinned.prefill_tokens < spread.prefill_tokens
+
+
+def test_tiny_kv_forces_queueing_but_loses_nothing():
+    turns = tuple(TurnSpec(input_tokens=2000, output_tokens=500, tool_latency_s=0.2)
+                  for _ in range(3)) + (TurnSpec(input_tokens=100, output_tokens=50,
+                                                 tool_latency_s=None),)
+    trajs = [TrajectorySpec(traj_id=i, prompt_id=0, sample_idx=i, workload=WorkloadKind.MATH,
+                            turns=turns) for i in range(60)]
+
+    class SmallKv:
+        tp, num_gpus, kv_capacity_tokens = 1, 1, 40_000
+
+        def iteration_time(self, b, c, p=0, pc=0):
+            return 1e-3 + 1e-5 * b + 1e-8 * c + 2e-5 * p
+
+    sim = RolloutSimulator(trajs, WorkerLayout(degrees=(1,)), SCHEDULERS.get("pps")(),
+                           CacheAwareRouter(), RolloutConfig(model="qwen3-8b"),
+                           predictions=_oracle(trajs), latency=lambda tp: SmallKv())
+    res = sim.run()
+    assert np.all(np.isfinite(res.finish_s))
+    assert sim.workers[0].peak_used <= 40_000
+    assert res.queue_delay_s.sum() > 0
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    n=st.integers(1, 12),
+    seed=st.integers(0, 10_000),
+    layout=st.sampled_from([(1,), (1, 1), (2, 1, 1), (4, 4)]),
+    sched=st.sampled_from([k.value for k in SchedulerKind]),
+    router=st.sampled_from(sorted(ROUTERS)),
+)
+def test_random_batches_complete(n, seed, layout, sched, router):
+    rng = np.random.default_rng(seed)
+    trajs = []
+    for i in range(n):
+        k = int(rng.integers(1, 5))
+        turns = tuple(
+            TurnSpec(input_tokens=int(rng.integers(1, 3000)), output_tokens=int(rng.integers(1, 900)),
+                     tool_latency_s=None if j == k - 1 else float(rng.exponential(0.5)))
+            for j in range(k))
+        trajs.append(TrajectorySpec(traj_id=i, prompt_id=i // 4, sample_idx=i % 4,
+                                    workload=WorkloadKind.SEARCH, turns=turns))
+    sim, res = _run(trajs, layout, sched, router, preds=_oracle(trajs))
+    assert np.all(np.isfinite(res.finish_s))
+    assert res.output_tokens == sum(t.output_tokens for t in trajs)
+    assert all(w.peak_used <= w.capacity for w in sim.workers)
+
+
+def test_bad_input_is_rejected(batch):
+    cfg = RolloutConfig(model="qwen3-8b")
+    with pytest.raises(ConfigError, match="at least one trajectory"):
+        RolloutSimulator([], WorkerLayout(degrees=(1,)), SCHEDULERS.get("rr")(),
+                         CacheAwareRouter(), cfg)
+    with pytest.raises(ConfigError, match="straddle"):
+        RolloutSimulator(batch, WorkerLayout(degrees=(4, 8)), SCHEDULERS.get("rr")(),
+                         CacheAwareRouter(), cfg)
+    with pytest.raises(ConfigError, match="one prediction"):
+        RolloutSimulator(batch, WorkerLayout(degrees=(1,)), SCHEDULERS.get("rr")(),
+                         CacheAwareRouter(), cfg, predictions=[(1.0,)])
