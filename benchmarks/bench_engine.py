@@ -29,8 +29,10 @@ def run_once(n_events: int = 400_000, fanout: int = 64) -> float:
 
 def main() -> None:
     rates = [run_once() for _ in range(5)]
-    print(f"engine: median {statistics.median(rates) / 1e3:.0f}k events/s over 5 runs "
-          f"(min {min(rates) / 1e3:.0f}k, max {max(rates) / 1e3:.0f}k)")
+    print(
+        f"engine: median {statistics.median(rates) / 1e3:.0f}k events/s over 5 runs "
+        f"(min {min(rates) / 1e3:.0f}k, max {max(rates) / 1e3:.0f}k)"
+    )
 
 
 if __name__ == "__main__":

@@ -14,23 +14,34 @@ from loom.core.errors import UnknownPolicyError
 from loom.experiments.registry import SYSTEMS
 from loom.experiments.report import Record, print_tables, write_csvs, write_json
 
-app = typer.Typer(help="Loom: resource orchestration for RL post-training of LLMs.",
-                  no_args_is_help=True, add_completion=False)
+app = typer.Typer(
+    help="Loom: resource orchestration for RL post-training of LLMs.",
+    no_args_is_help=True,
+    add_completion=False,
+)
 console = Console()
 
 
 @app.callback()
-def main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="debug logging")] = False) -> None:
+def main(
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="debug logging")] = False,
+) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING)
 
 
 @app.command()
 def reproduce(
     system: Annotated[str, typer.Argument(help=f"one of: {', '.join(SYSTEMS.names())}")],
-    quick: Annotated[bool, typer.Option("--quick", help="8 GPUs instead of 64: minutes, not hours")] = False,
+    quick: Annotated[
+        bool, typer.Option("--quick", help="8 GPUs instead of 64: minutes, not hours")
+    ] = False,
     seed: Annotated[int, typer.Option("--seed", help="seed of every random draw")] = 1,
-    out: Annotated[Path, typer.Option("--out", help="directory for CSV and PNG files")] = Path("results"),
-    json_path: Annotated[Path | None, typer.Option("--json", help="write tidy records here")] = None,
+    out: Annotated[Path, typer.Option("--out", help="directory for CSV and PNG files")] = Path(
+        "results"
+    ),
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="write tidy records here")
+    ] = None,
 ) -> None:
     """Run a paper's experiments on identical seeded workloads; print tables, write CSV/PNG/JSON."""
     try:
@@ -39,8 +50,12 @@ def reproduce(
         raise typer.BadParameter(str(exc), param_hint="SYSTEM") from None
     total, tasks = rep.tasks(seed, quick)
     records: list[Record] = []
-    columns = (TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn())
+    columns = (
+        TextColumn("{task.description:<40}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
     with Progress(*columns, console=console, transient=False) as progress:
         bar = progress.add_task(f"{system}", total=total)
         for label, thunk in tasks:
@@ -54,8 +69,10 @@ def reproduce(
     plots = rep.plot(records, out_dir)
     if json_path is not None:
         write_json(json_path, system, seed, quick, records)
-    console.print(f"wrote {len(records)} records, CSV and {len(plots)} plots under {out_dir}"
-                  + (f", JSON at {json_path}" if json_path else ""))
+    console.print(
+        f"wrote {len(records)} records, CSV and {len(plots)} plots under {out_dir}"
+        + (f", JSON at {json_path}" if json_path else "")
+    )
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -42,23 +42,33 @@ def test_feasible_sets():
 
 
 def test_action_duration_uses_elasticity():
-    act = ActionSpec(action_id="a", trajectory_id="t", kind=ActionKind.CPU_TOOL,
-                     demand={"cpu": DiscreteSet((1, 2, 4))}, t_ori_s=8.0, key_resource="cpu",
-                     elasticity={1: 1.0, 2: 0.9, 4: 0.5})
+    act = ActionSpec(
+        action_id="a",
+        trajectory_id="t",
+        kind=ActionKind.CPU_TOOL,
+        demand={"cpu": DiscreteSet((1, 2, 4))},
+        t_ori_s=8.0,
+        key_resource="cpu",
+        elasticity={1: 1.0, 2: 0.9, 4: 0.5},
+    )
     assert act.duration_s(1) == 8.0
     assert act.duration_s(4) == pytest.approx(4.0)
     assert ActionStatus.TIMED_OUT.terminal and not ActionStatus.RUNNING.terminal
 
 
 def test_trajectory_spec_validates_turn_structure():
-    turns = (TurnSpec(input_tokens=10, output_tokens=5, tool_latency_s=0.1),
-             TurnSpec(input_tokens=3, output_tokens=7, tool_latency_s=None))
-    t = TrajectorySpec(traj_id=0, prompt_id=0, sample_idx=0, workload=WorkloadKind.MATH,
-                       turns=turns)
+    turns = (
+        TurnSpec(input_tokens=10, output_tokens=5, tool_latency_s=0.1),
+        TurnSpec(input_tokens=3, output_tokens=7, tool_latency_s=None),
+    )
+    t = TrajectorySpec(
+        traj_id=0, prompt_id=0, sample_idx=0, workload=WorkloadKind.MATH, turns=turns
+    )
     assert t.output_tokens == 12 and t.total_tokens == 25 and t.num_turns == 2
     with pytest.raises(ConfigError, match="last turn"):
-        TrajectorySpec(traj_id=0, prompt_id=0, sample_idx=0, workload=WorkloadKind.MATH,
-                       turns=turns[:1])
+        TrajectorySpec(
+            traj_id=0, prompt_id=0, sample_idx=0, workload=WorkloadKind.MATH, turns=turns[:1]
+        )
     assert TrajectoryStatus.FINISHED > TrajectoryStatus.IN_TOOL
 
 

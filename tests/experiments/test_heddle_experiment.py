@@ -13,8 +13,12 @@ from loom.experiments.heddle import HEDDLE, HeddleScale, Scenario, baseline_syst
 
 @pytest.fixture(scope="module")
 def scenario():
-    return Scenario(kind=WorkloadKind.SEARCH, model="qwen3-8b",
-                    scale=HeddleScale(gpus=8, per_worker_batch=4, history_epochs=(0, 1)), seed=3)
+    return Scenario(
+        kind=WorkloadKind.SEARCH,
+        model="qwen3-8b",
+        scale=HeddleScale(gpus=8, per_worker_batch=4, history_epochs=(0, 1)),
+        seed=3,
+    )
 
 
 def test_all_systems_finish_the_same_batch(scenario):
@@ -51,8 +55,20 @@ def test_unknown_system_is_a_clear_error():
 @pytest.mark.slow
 def test_quick_reproduce_writes_every_experiment(tmp_path):
     out = tmp_path / "o.json"
-    result = CliRunner().invoke(app, ["reproduce", "heddle", "--quick", "--seed", "2",
-                                      "--out", str(tmp_path), "--json", str(out)])
+    result = CliRunner().invoke(
+        app,
+        [
+            "reproduce",
+            "heddle",
+            "--quick",
+            "--seed",
+            "2",
+            "--out",
+            str(tmp_path),
+            "--json",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     doc = json.loads(out.read_text())
     assert doc["system"] == "heddle" and doc["seed"] == 2 and doc["quick"] is True

@@ -70,10 +70,17 @@ def test_a_trajectory_predicted_longer_migrates_to_the_long_group():
 
 
 requests = st.lists(
-    st.builds(MigrationRequest, traj_id=st.integers(0, 30), src=st.integers(0, 5),
-              dst=st.integers(0, 5), tokens=st.integers(0, 10_000),
-              predicted_length=st.floats(0, 1e5)).filter(lambda r: r.src != r.dst),
-    max_size=20, unique_by=lambda r: r.traj_id)
+    st.builds(
+        MigrationRequest,
+        traj_id=st.integers(0, 30),
+        src=st.integers(0, 5),
+        dst=st.integers(0, 5),
+        tokens=st.integers(0, 10_000),
+        predicted_length=st.floats(0, 1e5),
+    ).filter(lambda r: r.src != r.dst),
+    max_size=20,
+    unique_by=lambda r: r.traj_id,
+)
 
 
 @given(requests, st.sets(st.integers(0, 5), max_size=3))

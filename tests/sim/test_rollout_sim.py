@@ -24,14 +24,21 @@ ROUTERS = {
 
 
 def _oracle(trajs):
-    return [tuple(float(t.output_tokens) * (1 + 0.1 * k) for k in range(t.num_turns))
-            for t in trajs]
+    return [
+        tuple(float(t.output_tokens) * (1 + 0.1 * k) for k in range(t.num_turns)) for t in trajs
+    ]
 
 
 def _run(trajs, layout, sched, router, cfg=None, preds=None):
     cfg = cfg or RolloutConfig(model="qwen3-8b")
-    sim = RolloutSimulator(trajs, WorkerLayout(degrees=layout), SCHEDULERS.get(sched)(),
-                           ROUTERS[router](), cfg, predictions=preds)
+    sim = RolloutSimulator(
+        trajs,
+        WorkerLayout(degrees=layout),
+        SCHEDULERS.get(sched)(),
+        ROUTERS[router](),
+        cfg,
+        predictions=preds,
+    )
     return sim, sim.run()
 
 
@@ -69,11 +76,14 @@ def test_cache_affinity_saves_prefill(batch):
 
 
 def test_tiny_kv_forces_queueing_but_loses_nothing():
-    turns = tuple(TurnSpec(input_tokens=2000, output_tokens=500, tool_latency_s=0.2)
-                  for _ in range(3)) + (TurnSpec(input_tokens=100, output_tokens=50,
-                                                 tool_latency_s=None),)
-    trajs = [TrajectorySpec(traj_id=i, prompt_id=0, sample_idx=i, workload=WorkloadKind.MATH,
-                            turns=turns) for i in range(60)]
+    step = TurnSpec(input_tokens=2000, output_tokens=500, tool_latency_s=0.2)
+    turns = (step, step, step, TurnSpec(input_tokens=100, output_tokens=50, tool_latency_s=None))
+    trajs = [
+        TrajectorySpec(
+            traj_id=i, prompt_id=0, sample_idx=i, workload=WorkloadKind.MATH, turns=turns
+        )
+        for i in range(60)
+    ]
 
     class SmallKv:
         tp, num_gpus, kv_capacity_tokens = 1, 1, 40_000
@@ -81,9 +91,15 @@ def test_tiny_kv_forces_queueing_but_loses_nothing():
         def iteration_time(self, b, c, p=0, pc=0):
             return 1e-3 + 1e-5 * b + 1e-8 * c + 2e-5 * p
 
-    sim = RolloutSimulator(trajs, WorkerLayout(degrees=(1,)), SCHEDULERS.get("pps")(),
-                           CacheAwareRouter(), RolloutConfig(model="qwen3-8b"),
-                           predictions=_oracle(trajs), latency=lambda tp: SmallKv())
+    sim = RolloutSimulator(
+        trajs,
+        WorkerLayout(degrees=(1,)),
+        SCHEDULERS.get("pps")(),
+        CacheAwareRouter(),
+        RolloutConfig(model="qwen3-8b"),
+        predictions=_oracle(trajs),
+        latency=lambda tp: SmallKv(),
+    )
     res = sim.run()
     assert np.all(np.isfinite(res.finish_s))
     assert sim.workers[0].peak_used <= 40_000
@@ -104,11 +120,22 @@ def test_random_batches_complete(n, seed, layout, sched, router):
     for i in range(n):
         k = int(rng.integers(1, 5))
         turns = tuple(
-            TurnSpec(input_tokens=int(rng.integers(1, 3000)), output_tokens=int(rng.integers(1, 900)),
-                     tool_latency_s=None if j == k - 1 else float(rng.exponential(0.5)))
-            for j in range(k))
-        trajs.append(TrajectorySpec(traj_id=i, prompt_id=i // 4, sample_idx=i % 4,
-                                    workload=WorkloadKind.SEARCH, turns=turns))
+            TurnSpec(
+                input_tokens=int(rng.integers(1, 3000)),
+                output_tokens=int(rng.integers(1, 900)),
+                tool_latency_s=None if j == k - 1 else float(rng.exponential(0.5)),
+            )
+            for j in range(k)
+        )
+        trajs.append(
+            TrajectorySpec(
+                traj_id=i,
+                prompt_id=i // 4,
+                sample_idx=i % 4,
+                workload=WorkloadKind.SEARCH,
+                turns=turns,
+            )
+        )
     sim, res = _run(trajs, layout, sched, router, preds=_oracle(trajs))
     assert np.all(np.isfinite(res.finish_s))
     assert res.output_tokens == sum(t.output_tokens for t in trajs)
@@ -118,11 +145,19 @@ def test_random_batches_complete(n, seed, layout, sched, router):
 def test_bad_input_is_rejected(batch):
     cfg = RolloutConfig(model="qwen3-8b")
     with pytest.raises(ConfigError, match="at least one trajectory"):
-        RolloutSimulator([], WorkerLayout(degrees=(1,)), SCHEDULERS.get("rr")(),
-                         CacheAwareRouter(), cfg)
+        RolloutSimulator(
+            [], WorkerLayout(degrees=(1,)), SCHEDULERS.get("rr")(), CacheAwareRouter(), cfg
+        )
     with pytest.raises(ConfigError, match="straddle"):
-        RolloutSimulator(batch, WorkerLayout(degrees=(4, 8)), SCHEDULERS.get("rr")(),
-                         CacheAwareRouter(), cfg)
+        RolloutSimulator(
+            batch, WorkerLayout(degrees=(4, 8)), SCHEDULERS.get("rr")(), CacheAwareRouter(), cfg
+        )
     with pytest.raises(ConfigError, match="one prediction"):
-        RolloutSimulator(batch, WorkerLayout(degrees=(1,)), SCHEDULERS.get("rr")(),
-                         CacheAwareRouter(), cfg, predictions=[(1.0,)])
+        RolloutSimulator(
+            batch,
+            WorkerLayout(degrees=(1,)),
+            SCHEDULERS.get("rr")(),
+            CacheAwareRouter(),
+            cfg,
+            predictions=[(1.0,)],
+        )

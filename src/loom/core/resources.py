@@ -112,7 +112,9 @@ class RangeSet:
 
     def __post_init__(self) -> None:
         if self.lo < 0 or self.hi < self.lo:
-            raise ConfigError(f"range of units must satisfy 0 <= lo <= hi, got [{self.lo}, {self.hi}]")
+            raise ConfigError(
+                f"range of units must satisfy 0 <= lo <= hi, got [{self.lo}, {self.hi}]"
+            )
 
     def values(self) -> tuple[int, ...]:
         return tuple(range(self.lo, self.hi + 1))

@@ -95,8 +95,11 @@ class Scenario:
 
     def __post_init__(self) -> None:
         wl = AgenticWorkload(
-            kind=self.kind, model=self.model, num_prompts=self.scale.num_prompts(self.model),
-            samples=self.scale.samples, prompt_seed=self.seed,
+            kind=self.kind,
+            model=self.model,
+            num_prompts=self.scale.num_prompts(self.model),
+            samples=self.scale.samples,
+            prompt_seed=self.seed,
         )
         self.workload = wl
         self.trajs = wl.sample(100 + self.seed)
@@ -126,8 +129,12 @@ class Scenario:
 
     def simulate(self, spec: SystemSpec) -> RolloutResult:
         sim = RolloutSimulator(
-            self.trajs, self.layout(spec), SCHEDULERS.get(spec.scheduler)(), self.router(spec),
-            self.config, predictions=self.predictions,
+            self.trajs,
+            self.layout(spec),
+            SCHEDULERS.get(spec.scheduler)(),
+            self.router(spec),
+            self.config,
+            predictions=self.predictions,
         )
         return sim.run()
 
@@ -155,56 +162,93 @@ def _result_fields(res: RolloutResult) -> Record:
 Task = tuple[str, Callable[[], list[Record]]]
 
 
-def fig12_tasks(cells: Callable[[WorkloadKind, str], Scenario], models: tuple[str, ...]) -> Iterator[Task]:
+def fig12_tasks(
+    cells: Callable[[WorkloadKind, str], Scenario], models: tuple[str, ...]
+) -> Iterator[Task]:
     for model in models:
         for kind in WORKLOADS:
             systems = {"heddle": HEDDLE, **baseline_systems(model)}
             for name, spec in systems.items():
-                def run(kind: WorkloadKind = kind, model: str = model, name: str = name,
-                        spec: SystemSpec = spec) -> list[Record]:
+
+                def run(
+                    kind: WorkloadKind = kind,
+                    model: str = model,
+                    name: str = name,
+                    spec: SystemSpec = spec,
+                ) -> list[Record]:
                     scn = cells(kind, model)
                     res = scn.simulate(spec)
                     layout = scn.layout(spec)
-                    return [{"experiment": "fig12", "workload": kind.value, "model": model,
-                             "policy": name, "gpus": layout.num_gpus,
-                             "layout": "x".join(map(str, layout.degrees)),
-                             **_result_fields(res)}]
+                    return [
+                        {
+                            "experiment": "fig12",
+                            "workload": kind.value,
+                            "model": model,
+                            "policy": name,
+                            "gpus": layout.num_gpus,
+                            "layout": "x".join(map(str, layout.degrees)),
+                            **_result_fields(res),
+                        }
+                    ]
+
                 yield f"fig12 {model} {kind.value} {name}", run
 
 
 def fig13_tasks(scale: HeddleScale, seed: int) -> Iterator[Task]:
     for kind in WORKLOADS:
+
         def run(kind: WorkloadKind = kind) -> list[Record]:
-            wl = AgenticWorkload(kind=kind, model=ABLATION_MODEL,
-                                 num_prompts=scale.num_prompts(ABLATION_MODEL),
-                                 samples=scale.samples, prompt_seed=seed)
+            wl = AgenticWorkload(
+                kind=kind,
+                model=ABLATION_MODEL,
+                num_prompts=scale.num_prompts(ABLATION_MODEL),
+                samples=scale.samples,
+                prompt_seed=seed,
+            )
             rows = evaluate_predictors(wl, scale.history_epochs, 100 + seed)
             return [{"experiment": "fig13", "model": ABLATION_MODEL, **r} for r in rows]
+
         yield f"fig13 {kind.value}", run
 
 
 def _ablation_tasks(
-    exp: str, cells: Callable[[WorkloadKind, str], Scenario], variants: dict[str, SystemSpec],
+    exp: str,
+    cells: Callable[[WorkloadKind, str], Scenario],
+    variants: dict[str, SystemSpec],
     extra: Callable[[RolloutResult], Record],
 ) -> Iterator[Task]:
     for kind in WORKLOADS:
         for name, spec in variants.items():
-            def run(kind: WorkloadKind = kind, name: str = name,
-                    spec: SystemSpec = spec) -> list[Record]:
+
+            def run(
+                kind: WorkloadKind = kind, name: str = name, spec: SystemSpec = spec
+            ) -> list[Record]:
                 scn = cells(kind, ABLATION_MODEL)
                 res = scn.simulate(spec)
                 layout = scn.layout(spec)
-                return [{"experiment": exp, "workload": kind.value, "model": ABLATION_MODEL,
-                         "policy": name, "layout": "x".join(map(str, layout.degrees)),
-                         **_result_fields(res), **extra(res)}]
+                return [
+                    {
+                        "experiment": exp,
+                        "workload": kind.value,
+                        "model": ABLATION_MODEL,
+                        "policy": name,
+                        "layout": "x".join(map(str, layout.degrees)),
+                        **_result_fields(res),
+                        **extra(res),
+                    }
+                ]
+
             yield f"{exp} {kind.value} {name}", run
 
 
 def fig14_tasks(cells: Callable[[WorkloadKind, str], Scenario]) -> Iterator[Task]:
-    variants = {k.value: SystemSpec(scheduler=k, placement=PlacementKind.HEDDLE)
-                for k in (SchedulerKind.PPS, SchedulerKind.FCFS, SchedulerKind.RR, SchedulerKind.SJF)}
-    return _ablation_tasks("fig14", cells, variants,
-                           lambda r: {"longest_queue_delay_s": r.longest_queue_delay_s})
+    variants = {
+        k.value: SystemSpec(scheduler=k, placement=PlacementKind.HEDDLE)
+        for k in (SchedulerKind.PPS, SchedulerKind.FCFS, SchedulerKind.RR, SchedulerKind.SJF)
+    }
+    return _ablation_tasks(
+        "fig14", cells, variants, lambda r: {"longest_queue_delay_s": r.longest_queue_delay_s}
+    )
 
 
 def fig15_tasks(cells: Callable[[WorkloadKind, str], Scenario]) -> Iterator[Task]:
@@ -228,11 +272,13 @@ def fig16_tasks(cells: Callable[[WorkloadKind, str], Scenario]) -> Iterator[Task
     return _ablation_tasks("fig16", cells, variants, lambda r: {})
 
 
-def table2_tasks(cells: Callable[[WorkloadKind, str], Scenario], models: tuple[str, ...],
-                 repeats: int) -> Iterator[Task]:
+def table2_tasks(
+    cells: Callable[[WorkloadKind, str], Scenario], models: tuple[str, ...], repeats: int
+) -> Iterator[Task]:
     """Decision time of the placement DP and of the annealing resource manager (Table 2)."""
     for model in models:
         for kind in WORKLOADS:
+
             def run(kind: WorkloadKind = kind, model: str = model) -> list[Record]:
                 scn = cells(kind, model)
                 lengths = scn.initial_lengths
@@ -240,14 +286,29 @@ def table2_tasks(cells: Callable[[WorkloadKind, str], Scenario], models: tuple[s
                 costs = [scn.cost(d) for d in layout.degrees]
                 allowed = tuple(d for d in (1, 2, 4, 8) if scn.cost.feasible(d))
                 place = _median_ms(lambda: presorted_dp_hetero(lengths, costs), repeats)
-                manage = _median_ms(lambda: anneal_allocation(
-                    lengths, scn.scale.gpus, scn.cost, degrees=allowed, seed=scn.seed), repeats)
-                common = {"experiment": "table2", "workload": kind.value, "model": model,
-                          "trajectories": len(lengths), "gpus": scn.scale.gpus}
-                return [{**common, "policy": "placement", "workers": len(costs),
-                         "decision_ms": place},
-                        {**common, "policy": "resource_manager", "workers": len(costs),
-                         "decision_ms": manage}]
+                manage = _median_ms(
+                    lambda: anneal_allocation(
+                        lengths, scn.scale.gpus, scn.cost, degrees=allowed, seed=scn.seed
+                    ),
+                    repeats,
+                )
+                common = {
+                    "experiment": "table2",
+                    "workload": kind.value,
+                    "model": model,
+                    "trajectories": len(lengths),
+                    "gpus": scn.scale.gpus,
+                }
+                return [
+                    {**common, "policy": "placement", "workers": len(costs), "decision_ms": place},
+                    {
+                        **common,
+                        "policy": "resource_manager",
+                        "workers": len(costs),
+                        "decision_ms": manage,
+                    },
+                ]
+
             yield f"table2 {model} {kind.value}", run
 
 
@@ -291,28 +352,65 @@ def plot(records: list[Record], out: Path) -> list[Path]:
         by.setdefault(r["experiment"], []).append(r)
     paths = []
     if "fig12" in by:
-        paths.append(bar_plot(by["fig12"], x="workload", hue="policy", metric="throughput_tok_s",
-                              facet="model", path=out / "fig12.png",
-                              title="Fig. 12: rollout throughput (tokens/s)"))
+        paths.append(
+            bar_plot(
+                by["fig12"],
+                x="workload",
+                hue="policy",
+                metric="throughput_tok_s",
+                facet="model",
+                path=out / "fig12.png",
+                title="Fig. 12: rollout throughput (tokens/s)",
+            )
+        )
     if "fig13" in by:
         for metric in ("recall", "pearson"):
-            paths.append(bar_plot(by["fig13"], x="workload", hue="policy", metric=metric,
-                                  path=out / f"fig13_{metric}.png",
-                                  title=f"Fig. 13: prediction {metric}"))
+            paths.append(
+                bar_plot(
+                    by["fig13"],
+                    x="workload",
+                    hue="policy",
+                    metric=metric,
+                    path=out / f"fig13_{metric}.png",
+                    title=f"Fig. 13: prediction {metric}",
+                )
+            )
     if "fig14" in by:
         for metric in ("rollout_time_s", "longest_queue_delay_s"):
-            paths.append(bar_plot(by["fig14"], x="workload", hue="policy", metric=metric,
-                                  path=out / f"fig14_{metric}.png",
-                                  title=f"Fig. 14: scheduling, {metric}"))
+            paths.append(
+                bar_plot(
+                    by["fig14"],
+                    x="workload",
+                    hue="policy",
+                    metric=metric,
+                    path=out / f"fig14_{metric}.png",
+                    title=f"Fig. 14: scheduling, {metric}",
+                )
+            )
     for exp, title in (("fig15", "placement"), ("fig16", "resource manager")):
         if exp in by:
-            paths.append(bar_plot(by[exp], x="workload", hue="policy", metric="throughput_tok_s",
-                                  path=out / f"{exp}.png",
-                                  title=f"Fig. {exp[3:]}: {title}, throughput (tokens/s)"))
+            paths.append(
+                bar_plot(
+                    by[exp],
+                    x="workload",
+                    hue="policy",
+                    metric="throughput_tok_s",
+                    path=out / f"{exp}.png",
+                    title=f"Fig. {exp[3:]}: {title}, throughput (tokens/s)",
+                )
+            )
     if "table2" in by:
-        paths.append(bar_plot(by["table2"], x="workload", hue="policy", metric="decision_ms",
-                              facet="model", path=out / "table2.png",
-                              title="Table 2: decision time (ms)"))
+        paths.append(
+            bar_plot(
+                by["table2"],
+                x="workload",
+                hue="policy",
+                metric="decision_ms",
+                facet="model",
+                path=out / "table2.png",
+                title="Table 2: decision time (ms)",
+            )
+        )
     return paths
 
 
@@ -322,24 +420,40 @@ def summary(records: list[Record]) -> list[Record]:
     f12 = [r for r in records if r["experiment"] == "fig12"]
     for model in dict.fromkeys(r["model"] for r in f12):
         for kind in WORKLOADS:
-            cell = {r["policy"]: r["throughput_tok_s"] for r in f12
-                    if r["model"] == model and r["workload"] == kind.value}
+            cell = {
+                r["policy"]: r["throughput_tok_s"]
+                for r in f12
+                if r["model"] == model and r["workload"] == kind.value
+            }
             if "heddle" not in cell:
                 continue
             best = max(v for k, v in cell.items() if k != "heddle")
-            rows.append({"experiment": "summary", "workload": kind.value, "model": model,
-                         "policy": "heddle", "vs_best_baseline": cell["heddle"] / best,
-                         "vs_verl": cell["heddle"] / cell["verl"],
-                         "vs_slime": cell["heddle"] / cell["slime"],
-                         "vs_verl_star": cell["heddle"] / cell["verl_star"]})
+            rows.append(
+                {
+                    "experiment": "summary",
+                    "workload": kind.value,
+                    "model": model,
+                    "policy": "heddle",
+                    "vs_best_baseline": cell["heddle"] / best,
+                    "vs_verl": cell["heddle"] / cell["verl"],
+                    "vs_slime": cell["heddle"] / cell["slime"],
+                    "vs_verl_star": cell["heddle"] / cell["verl_star"],
+                }
+            )
     f14 = [r for r in records if r["experiment"] == "fig14"]
     for kind in WORKLOADS:
         cell = {r["policy"]: r["rollout_time_s"] for r in f14 if r["workload"] == kind.value}
         if "pps" in cell:
-            rows.append({"experiment": "summary", "workload": kind.value,
-                         "model": ABLATION_MODEL, "policy": "pps",
-                         "speedup_vs_slowest_other": max(v for k, v in cell.items() if k != "pps")
-                         / cell["pps"],
-                         "speedup_vs_fastest_other": min(v for k, v in cell.items() if k != "pps")
-                         / cell["pps"]})
+            rows.append(
+                {
+                    "experiment": "summary",
+                    "workload": kind.value,
+                    "model": ABLATION_MODEL,
+                    "policy": "pps",
+                    "speedup_vs_slowest_other": max(v for k, v in cell.items() if k != "pps")
+                    / cell["pps"],
+                    "speedup_vs_fastest_other": min(v for k, v in cell.items() if k != "pps")
+                    / cell["pps"],
+                }
+            )
     return rows

@@ -15,9 +15,9 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")  # NOTE: headless; never opens a window
-import matplotlib.pyplot as plt  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
+import matplotlib.pyplot as plt
+from rich.console import Console
+from rich.table import Table
 
 __all__ = ["Record", "bar_plot", "by_experiment", "print_tables", "write_csvs", "write_json"]
 
@@ -68,9 +68,7 @@ def write_csvs(records: Sequence[Record], out_dir: Path) -> list[Path]:
     return paths
 
 
-def write_json(
-    path: Path, system: str, seed: int, quick: bool, records: Sequence[Record]
-) -> None:
+def write_json(path: Path, system: str, seed: int, quick: bool, records: Sequence[Record]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     doc = {"system": system, "seed": seed, "quick": quick, "records": list(records)}
     path.write_text(json.dumps(doc, indent=1, default=float) + "\n")

@@ -16,11 +16,11 @@ from loom.rollout.policy import (
 )
 
 __all__ = [
-    "NonPreemptive",
     "CacheAwareRouter",
     "FcfsScheduler",
     "HybridRouter",
     "LeastLoadRouter",
+    "NonPreemptive",
     "RoundRobinScheduler",
     "SjfScheduler",
 ]

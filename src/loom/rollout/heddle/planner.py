@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Protocol
 from functools import cache
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -29,6 +29,7 @@ class CostModel(Protocol):
     def __call__(self, degree: int) -> WorkerCost: ...
     def feasible(self, degree: int) -> bool: ...
 
+
 __all__ = ["AnnealingPlanner", "DegreeCostModel", "FixedPlanner", "SimulatedDegreeCost"]
 
 
@@ -45,7 +46,9 @@ class DegreeCostModel:
     context_per_seq: int
     max_group: int
     max_running: int = 256
-    min_kv_tokens: int = field(default=48_000, metadata={"help": "a worker must hold one long trajectory"})
+    min_kv_tokens: int = field(
+        default=48_000, metadata={"help": "a worker must hold one long trajectory"}
+    )
 
     def __post_init__(self) -> None:
         if self.context_per_seq < 1 or self.max_group < 1:
@@ -127,7 +130,10 @@ class SimulatedDegreeCost:
         from loom.sim.rollout.simulator import RolloutSimulator
 
         sim = RolloutSimulator(
-            trajs, WorkerLayout(degrees=(degree,)), FcfsScheduler(), CacheAwareRouter(),
+            trajs,
+            WorkerLayout(degrees=(degree,)),
+            FcfsScheduler(),
+            CacheAwareRouter(),
             self.config,
         )
         return sim.run().makespan_s
@@ -180,7 +186,7 @@ class AnnealingPlanner:
     def plan(self, predicted_lengths: Sequence[float], total_gpus: int) -> WorkerLayout:
         allowed = tuple(d for d in self.degrees if self.cost.feasible(d))
         if not allowed:
-            raise ConfigError(f"no degree in {self.degrees} fits {self.cost.model} on {self.cost.gpu}")
+            raise ConfigError(f"no degree in {self.degrees} can hold a long trajectory's KV")
         alloc = anneal_allocation(
             predicted_lengths, total_gpus, self.cost, degrees=allowed, seed=self.seed
         )

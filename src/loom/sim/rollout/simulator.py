@@ -39,7 +39,9 @@ class RolloutConfig:
     decode_reserve: int = field(
         default=2048, metadata={"help": "KV tokens reserved per running turn at admission"}
     )
-    inter_node_gbs: float = field(default=50.0, metadata={"help": "GB/s between nodes (400 Gb/s IB)"})
+    inter_node_gbs: float = field(
+        default=50.0, metadata={"help": "GB/s between nodes (400 Gb/s IB)"}
+    )
     migrate_kv: bool = field(default=True, metadata={"help": "move KV caches when routers migrate"})
 
     def __post_init__(self) -> None:
@@ -157,10 +159,16 @@ class RolloutSimulator:
                 lat_cache[tp] = make_lat(tp)
             workers.append(
                 Worker(
-                    idx=i, tp=tp, node=node, latency=lat_cache[tp], scheduler=scheduler,
-                    engine=self.eng, max_running=self.cfg.max_running,
+                    idx=i,
+                    tp=tp,
+                    node=node,
+                    latency=lat_cache[tp],
+                    scheduler=scheduler,
+                    engine=self.eng,
+                    max_running=self.cfg.max_running,
                     chunk_tokens=self.cfg.chunk_tokens,
-                    decode_reserve=self.cfg.decode_reserve, on_turn_done=self._turn_done,
+                    decode_reserve=self.cfg.decode_reserve,
+                    on_turn_done=self._turn_done,
                     on_evict=self._evicted,
                 )
             )
@@ -238,9 +246,15 @@ class RolloutSimulator:
         self._pending_mig = [r for r in self._pending_mig if r.traj_id not in chosen]
         for r in batch:
             tokens = self.workers[r.src].cached_tokens(r.traj_id)
-            link = self.nvlink if self.workers[r.src].node == self.workers[r.dst].node else self.network
+            link = (
+                self.nvlink
+                if self.workers[r.src].node == self.workers[r.dst].node
+                else self.network
+            )
             self._busy.update((r.src, r.dst))
-            self.eng.after(link.transfer_time_s(tokens * self.kv_bytes), self._migration_done, r, tokens)
+            self.eng.after(
+                link.transfer_time_s(tokens * self.kv_bytes), self._migration_done, r, tokens
+            )
 
     def _migration_done(self, r: MigrationRequest, tokens: int) -> None:
         self._busy.difference_update((r.src, r.dst))

@@ -186,7 +186,7 @@ class Worker:
 
     def _on_segment_end(self) -> None:
         assert self._seg is not None
-        start, dt, k, _ = self._seg
+        _, dt, k, _ = self._seg
         self._seg = None
         self.reserved = 0
         self._apply(k, dt)

@@ -56,22 +56,52 @@ class WorkloadProfile:
 # interactions and large tool outputs (prefill-heavy, cache locality matters, §7.1).
 PROFILES: dict[WorkloadKind, WorkloadProfile] = {
     WorkloadKind.CODING: WorkloadProfile(
-        kind=WorkloadKind.CODING, prompt_tokens=700, prompt_sigma=0.4, difficulty_sigma=0.6,
-        sample_sigma=0.7, extra_turns=2.5, turn_exponent=1.0, turn_tokens=900,
-        token_exponent=0.5, token_sigma=0.6, plan_tokens=1500, plan_sigma=0.25,
-        tool_output_tokens=350, tool_output_sigma=0.6,
+        kind=WorkloadKind.CODING,
+        prompt_tokens=700,
+        prompt_sigma=0.4,
+        difficulty_sigma=0.6,
+        sample_sigma=0.7,
+        extra_turns=2.5,
+        turn_exponent=1.0,
+        turn_tokens=900,
+        token_exponent=0.5,
+        token_sigma=0.6,
+        plan_tokens=1500,
+        plan_sigma=0.25,
+        tool_output_tokens=350,
+        tool_output_sigma=0.6,
     ),
     WorkloadKind.SEARCH: WorkloadProfile(
-        kind=WorkloadKind.SEARCH, prompt_tokens=250, prompt_sigma=0.3, difficulty_sigma=0.5,
-        sample_sigma=0.6, extra_turns=5.0, turn_exponent=1.0, turn_tokens=220,
-        token_exponent=0.4, token_sigma=0.5, plan_tokens=400, plan_sigma=0.25,
-        tool_output_tokens=900, tool_output_sigma=0.4,
+        kind=WorkloadKind.SEARCH,
+        prompt_tokens=250,
+        prompt_sigma=0.3,
+        difficulty_sigma=0.5,
+        sample_sigma=0.6,
+        extra_turns=5.0,
+        turn_exponent=1.0,
+        turn_tokens=220,
+        token_exponent=0.4,
+        token_sigma=0.5,
+        plan_tokens=400,
+        plan_sigma=0.25,
+        tool_output_tokens=900,
+        tool_output_sigma=0.4,
     ),
     WorkloadKind.MATH: WorkloadProfile(
-        kind=WorkloadKind.MATH, prompt_tokens=300, prompt_sigma=0.3, difficulty_sigma=0.6,
-        sample_sigma=0.7, extra_turns=1.5, turn_exponent=1.0, turn_tokens=1800,
-        token_exponent=0.6, token_sigma=0.6, plan_tokens=2500, plan_sigma=0.25,
-        tool_output_tokens=60, tool_output_sigma=0.5,
+        kind=WorkloadKind.MATH,
+        prompt_tokens=300,
+        prompt_sigma=0.3,
+        difficulty_sigma=0.6,
+        sample_sigma=0.7,
+        extra_turns=1.5,
+        turn_exponent=1.0,
+        turn_tokens=1800,
+        token_exponent=0.6,
+        token_sigma=0.6,
+        plan_tokens=2500,
+        plan_sigma=0.25,
+        tool_output_tokens=60,
+        tool_output_sigma=0.5,
     ),
 }
 
@@ -106,7 +136,9 @@ class AgenticWorkload:
         rng = stream(self.prompt_seed, f"prompts/{self.kind}")
         difficulty = rng.lognormal(0.0, p.difficulty_sigma, self.num_prompts)
         # Harder prompts tend to be longer: a weak, noisy link a prompt-only model can learn.
-        tokens = p.prompt_tokens * difficulty**0.3 * rng.lognormal(0, p.prompt_sigma, self.num_prompts)
+        tokens = (
+            p.prompt_tokens * difficulty**0.3 * rng.lognormal(0, p.prompt_sigma, self.num_prompts)
+        )
         return difficulty, np.maximum(16, tokens).astype(int)
 
     def sample(self, epoch: int) -> list[TrajectorySpec]:
@@ -126,15 +158,22 @@ class AgenticWorkload:
                 turns = self._turns(rng, p, factor, int(prompt_tokens[pid]), tool_mu)
                 out.append(
                     TrajectorySpec(
-                        traj_id=len(out), prompt_id=pid, sample_idx=s,
-                        workload=WorkloadKind(self.kind), turns=turns,
+                        traj_id=len(out),
+                        prompt_id=pid,
+                        sample_idx=s,
+                        workload=WorkloadKind(self.kind),
+                        turns=turns,
                         prompt_features=(float(prompt_tokens[pid]), float(observed[pid])),
                     )
                 )
         return out
 
     def _turns(
-        self, rng: np.random.Generator, p: WorkloadProfile, factor: float, prompt: int,
+        self,
+        rng: np.random.Generator,
+        p: WorkloadProfile,
+        factor: float,
+        prompt: int,
         tool_mu: float,
     ) -> tuple[TurnSpec, ...]:
         n_turns = 1 + int(rng.poisson(p.extra_turns * factor**p.turn_exponent))
