@@ -27,7 +27,7 @@ __all__ = [
 
 
 class NonPreemptive:
-    """Mixin-free helper: the step-centric baselines never preempt."""
+    """Shared by the step-centric baselines: they never preempt."""
 
     preemptive = False
 

@@ -169,7 +169,6 @@ class RolloutSimulator:
                     chunk_tokens=self.cfg.chunk_tokens,
                     decode_reserve=self.cfg.decode_reserve,
                     on_turn_done=self._turn_done,
-                    on_evict=self._evicted,
                 )
             )
         return workers
@@ -226,9 +225,6 @@ class RolloutSimulator:
             self._stall_since[t.traj_id] = self.eng.now  # wait for the KV to land
             return
         self.workers[self._route(t)].enqueue(t)
-
-    def _evicted(self, traj_id: int, w: Worker) -> None:
-        """A worker dropped a cached prefix; a queued migration of it has nothing to move."""
 
     # ---- migration ---------------------------------------------------------------------
     def _request_migration(self, t: TrajState, src: int, dst: int) -> None:

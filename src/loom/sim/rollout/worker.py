@@ -61,7 +61,6 @@ class Worker:
         chunk_tokens: int,
         decode_reserve: int,
         on_turn_done: Callable[[TrajState, Worker], None],
-        on_evict: Callable[[int, Worker], None],
     ) -> None:
         self.idx, self.tp, self.node = idx, tp, node
         self.lat = latency
@@ -72,7 +71,6 @@ class Worker:
         self.chunk = chunk_tokens
         self.decode_reserve = decode_reserve
         self._on_turn_done = on_turn_done
-        self._on_evict = on_evict
         self.running: list[Seq] = []
         self.waiting: SortedList = SortedList()  # (key, seq_no, traj)
         self._wseq = 0
@@ -121,7 +119,6 @@ class Worker:
             if victim is None:
                 return False
             self.idle_used -= self.idle.pop(victim)
-            self._on_evict(victim, self)
         return True
 
     # ---- driver entry points -----------------------------------------------------------
