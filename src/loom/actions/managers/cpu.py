@@ -1,0 +1,229 @@
+"""CPU manager via allocate-on-execution (§5.2).
+
+Cores are pooled per node and given to one action at a time as an exclusive core set, taken
+from a single NUMA domain when one fits. A trajectory's first action pins it to a node chosen
+by memory load balance (the node must hold the trajectory's memory for its whole life, as the
+container's memory is preserved between actions); later actions run there. Each node is its
+own scheduling domain, so the scheduler makes one pass per node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from loom.actions.managers.base import Grant, Ledger, ResourceManager
+from loom.actions.tangram.arrange import Arrangement, dp_arrange
+from loom.core.actions import ActionSpec
+from loom.core.errors import ConfigError
+from loom.core.resources import ResourceKind
+
+__all__ = ["CpuManager", "CpuNode"]
+
+CPU = ResourceKind.CPU.value
+MEM = ResourceKind.MEMORY_GB.value
+
+
+@dataclass(frozen=True, kw_only=True)
+class CpuNode:
+    """A CPU node: core ids grouped by NUMA domain, and host memory for environments."""
+
+    name: str
+    numa: tuple[tuple[int, ...], ...]
+    memory_gb: float
+
+    def __post_init__(self) -> None:
+        cores = [c for dom in self.numa for c in dom]
+        if not cores:
+            raise ConfigError(f"CPU node {self.name!r} needs at least one core")
+        if len(set(cores)) != len(cores):
+            raise ConfigError(f"CPU node {self.name!r} lists a core twice")
+        if not self.memory_gb > 0:
+            raise ConfigError(f"CPU node {self.name!r}: memory_gb must be > 0")
+
+    @classmethod
+    def uniform(cls, name: str, cores: int, numa_domains: int = 1, memory_gb: float = 256.0):
+        """`cores` cores numbered 0.. split evenly over `numa_domains` domains."""
+        if cores < 1 or numa_domains < 1 or cores % numa_domains:
+            raise ConfigError(f"{cores} cores cannot split evenly over {numa_domains} domains")
+        per = cores // numa_domains
+        numa = tuple(tuple(range(d * per, (d + 1) * per)) for d in range(numa_domains))
+        return cls(name=name, numa=numa, memory_gb=memory_gb)
+
+    @property
+    def num_cores(self) -> int:
+        return sum(len(d) for d in self.numa)
+
+
+def _mem(action: ActionSpec) -> float:
+    return float(action.demand[MEM].minimum) if MEM in action.demand else 0.0
+
+
+class CpuManager(ResourceManager):
+    name = "cpu"
+    unit_key = CPU
+
+    def __init__(self, nodes: Sequence[CpuNode]) -> None:
+        if not nodes:
+            raise ConfigError("CPU manager needs at least one node")
+        self.nodes = {n.name: n for n in nodes}
+        if len(self.nodes) != len(nodes):
+            raise ConfigError("CPU manager: duplicate node names")
+        # Free cores per node per NUMA domain (sorted sets of ids, kept as sorted lists).
+        self._free: dict[str, list[list[int]]] = {
+            n.name: [sorted(d) for d in n.numa] for n in nodes
+        }
+        self._free_mem = {n.name: n.memory_gb for n in nodes}
+        self._pin: dict[str, str] = {}  # trajectory -> node
+        self._traj_mem: dict[str, float] = {}
+
+    # -- views -----------------------------------------------------------------------------
+    def free_cores(self, node: str) -> int:
+        return sum(len(d) for d in self._free[node])
+
+    def free_memory_gb(self, node: str) -> float:
+        return self._free_mem[node]
+
+    def node_of(self, trajectory_id: str) -> str | None:
+        return self._pin.get(trajectory_id)
+
+    # -- ResourceManager -------------------------------------------------------------------
+    def owns(self, key: str) -> bool:
+        return key in (CPU, MEM)
+
+    def validate(self, action: ActionSpec) -> None:
+        need = action.demand[CPU].minimum if CPU in action.demand else 0
+        mem = _mem(action)
+        if not any(n.num_cores >= need and n.memory_gb >= mem for n in self.nodes.values()):
+            raise ConfigError(
+                f"action {action.action_id!r} needs {need} cores and {mem} GB, "
+                "more than any CPU node has"
+            )
+
+    def pinned_domain(self, action: ActionSpec) -> str | None:
+        return self._pin.get(action.trajectory_id)
+
+    def ledger(self) -> Ledger:
+        return _CpuLedger(self)
+
+    def allocate(self, action: ActionSpec, units: int, domain: str, now: float) -> Grant:
+        self._ensure_pin(action, domain)
+        cores = self._pick_cores(domain, units)
+        return Grant(
+            action_id=action.action_id,
+            manager=self.name,
+            domain=domain,
+            units=units,
+            cores=cores,
+            memory_gb=self._traj_mem[action.trajectory_id],
+        )
+
+    def release(self, action: ActionSpec, grant: Grant, now: float) -> None:
+        node = self.nodes[grant.domain]
+        for core in grant.cores:
+            for d, dom in enumerate(node.numa):
+                if core in dom:
+                    assert core not in self._free[grant.domain][d], f"core {core} freed twice"
+                    self._free[grant.domain][d].append(core)
+                    self._free[grant.domain][d].sort()
+                    break
+
+    def end_trajectory(self, trajectory_id: str) -> None:
+        node = self._pin.pop(trajectory_id, None)
+        if node is not None:
+            self._free_mem[node] += self._traj_mem.pop(trajectory_id)
+
+    # -- internals -------------------------------------------------------------------------
+    def _ensure_pin(self, action: ActionSpec, node: str) -> None:
+        tid = action.trajectory_id
+        mem = _mem(action)
+        pinned = self._pin.get(tid)
+        if pinned is None:
+            assert self._free_mem[node] >= mem - 1e-9, f"node {node} lacks {mem} GB"
+            self._pin[tid] = node
+            self._traj_mem[tid] = mem
+            self._free_mem[node] -= mem
+            return
+        assert pinned == node, f"trajectory {tid} is pinned to {pinned}, not {node}"
+        extra = mem - self._traj_mem[tid]
+        if extra > 0:  # a later action needs more memory than the trajectory reserved
+            assert self._free_mem[node] >= extra - 1e-9, f"node {node} lacks {extra} GB"
+            self._traj_mem[tid] = mem
+            self._free_mem[node] -= extra
+
+    def _pick_cores(self, node: str, units: int) -> tuple[int, ...]:
+        doms = self._free[node]
+        fitting = [d for d in range(len(doms)) if len(doms[d]) >= units]
+        if fitting:  # NUMA-local: the fullest domain that still fits (best fit)
+            d = min(fitting, key=lambda i: (len(doms[i]), i))
+            local = tuple(doms[d][:units])
+            doms[d][:] = doms[d][units:]
+            return local
+        taken: list[int] = []
+        for d in sorted(range(len(doms)), key=lambda i: (-len(doms[i]), i)):
+            k = min(units - len(taken), len(doms[d]))
+            taken += doms[d][:k]
+            doms[d][:] = doms[d][k:]
+            if len(taken) == units:
+                break
+        assert len(taken) == units, f"node {node} has fewer than {units} free cores"
+        return tuple(sorted(taken))
+
+
+class _CpuLedger(Ledger):
+    def __init__(self, mgr: CpuManager) -> None:
+        self._mgr = mgr
+        self._cores = {n: mgr.free_cores(n) for n in mgr.nodes}
+        self._mem = dict(mgr._free_mem)
+        self._pin: dict[str, str] = {}
+        self._traj_mem: dict[str, float] = {}
+
+    def _pinned(self, tid: str) -> str | None:
+        return self._mgr._pin.get(tid) or self._pin.get(tid)
+
+    def _extra_mem(self, action: ActionSpec, node: str) -> float:
+        tid = action.trajectory_id
+        held = self._mgr._traj_mem.get(tid, self._traj_mem.get(tid, 0.0))
+        return max(_mem(action) - held, 0.0)
+
+    def take(self, action: ActionSpec, units: int | None, domain: str | None = None) -> str | None:
+        u = units if units is not None else action.demand[CPU].minimum
+        node = self._pinned(action.trajectory_id)
+        if domain is not None and node is not None and node != domain:
+            return None
+        if node is None and domain is not None:
+            if self._cores[domain] < u or self._mem[domain] < _mem(action):
+                return None
+            node = domain
+            self._pin[action.trajectory_id] = node
+        elif node is None:
+            fits = [
+                n for n in self._mgr.nodes if self._cores[n] >= u and self._mem[n] >= _mem(action)
+            ]
+            if not fits:
+                return None
+            # Memory load balance: the node with the most free memory (by fraction).
+            node = max(fits, key=lambda n: (self._mem[n] / self._mgr.nodes[n].memory_gb, n))
+            self._pin[action.trajectory_id] = node
+        extra = self._extra_mem(action, node)
+        if self._cores[node] < u or self._mem[node] < extra:
+            return None
+        self._cores[node] -= u
+        self._mem[node] -= extra
+        tid = action.trajectory_id
+        self._traj_mem[tid] = max(self._traj_mem.get(tid, 0.0), _mem(action))
+        return node
+
+    def give(self, action: ActionSpec, domain: str, units: int, *, full: bool = False) -> None:
+        self._cores[domain] += units
+        tid = action.trajectory_id
+        if full and tid in self._pin and tid not in self._mgr._pin:
+            # The pin and its memory were only tentative: undo both.
+            del self._pin[tid]
+            self._mem[domain] += self._traj_mem.pop(tid, 0.0)
+
+    def free_units(self, domain: str) -> int:
+        return self._cores[domain]
+
+    def arrange(self, domain: str, durations: Sequence[Mapping[int, float]]) -> Arrangement | None:
+        return dp_arrange(durations, self._cores[domain])

@@ -1,0 +1,316 @@
+"""ARL-Tangram's elastic scheduler (§4.2, Algorithm 1, Appendix A).
+
+Each pass takes the longest FCFS prefix of the queue that fits every manager at minimum units
+(a prefix per scheduling domain: one pass per CPU node, per GPU pool, per API), splits it by
+key resource and domain, gives unknown and non-scalable actions their minimum, and for
+scalable ones greedily evicts the last candidate while that lowers the approximated objective:
+the exact ACTs of the candidates under DPArrange plus the remaining queue's ACTs estimated on
+the completion heap (with `depth` allocation choices for its first action).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from loom.actions.managers.base import Grant, Ledger, ResourceManager
+from loom.actions.policy import ACTION_POLICIES, ActionPolicyKind, Start
+from loom.actions.tangram.arrange import Arrangement
+from loom.core.actions import ActionSpec
+from loom.core.errors import ConfigError
+
+__all__ = ["ElasticScheduler", "TangramConfig"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TangramConfig:
+    depth: int = field(
+        default=2,
+        metadata={"help": "allocation choices tried for the first remaining action (paper: 2)"},
+    )
+    lookahead: int = field(
+        default=128, metadata={"help": "remaining queued actions the objective estimates"}
+    )
+    fixed_units: int | None = field(
+        default=None,
+        metadata={"help": "give every elastic action this many units (the dop-k baselines)"},
+    )
+
+    def __post_init__(self) -> None:
+        if self.depth < 1:
+            raise ConfigError(f"depth must be >= 1, got {self.depth}")
+        if self.lookahead < 0:
+            raise ConfigError(f"lookahead must be >= 0, got {self.lookahead}")
+        if self.fixed_units is not None and self.fixed_units < 1:
+            raise ConfigError(f"fixed_units must be >= 1, got {self.fixed_units}")
+
+
+@dataclass
+class _Running:
+    action: ActionSpec
+    grants: tuple[Grant, ...]
+    group: tuple[str, str]  # (key manager, domain)
+    end_s: float  # expected
+
+
+@dataclass
+class _Candidate:
+    action: ActionSpec
+    order: int
+    domains: dict[str, str]  # manager -> domain
+    units: int
+
+
+class ElasticScheduler:
+    """Algorithm 1 over a set of resource managers (each resource key owned by exactly one)."""
+
+    def __init__(
+        self, managers: Sequence[ResourceManager], config: TangramConfig | None = None
+    ) -> None:
+        if not managers:
+            raise ConfigError("the scheduler needs at least one resource manager")
+        names = [m.name for m in managers]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"duplicate manager names: {names}")
+        self.managers = list(managers)
+        self.config = config or TangramConfig()
+        self._queue: dict[str, ActionSpec] = {}
+        self._running: dict[str, _Running] = {}
+        self.decisions = 0
+
+    # -- ActionPolicy ----------------------------------------------------------------------
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    def queued_ids(self) -> list[str]:
+        return list(self._queue)
+
+    def submit(self, action: ActionSpec, now: float) -> None:
+        if action.action_id in self._queue or action.action_id in self._running:
+            raise ConfigError(f"action id {action.action_id!r} is already queued or running")
+        for m in self._managers_of(action):
+            m.validate(action)
+        self._queue[action.action_id] = action
+
+    def cancel(self, action_id: str) -> bool:
+        return self._queue.pop(action_id, None) is not None
+
+    def finish(self, action_id: str, now: float) -> None:
+        run = self._running.pop(action_id, None)
+        if run is None:
+            raise ConfigError(f"action {action_id!r} is not running")
+        by_name = {m.name: m for m in self.managers}
+        for g in run.grants:
+            by_name[g.manager].release(run.action, g, now)
+
+    def end_trajectory(self, trajectory_id: str, now: float) -> None:
+        for m in self.managers:
+            m.end_trajectory(trajectory_id)
+
+    def next_wakeup(self, now: float) -> float | None:
+        if not self._queue:
+            return None
+        times = [t for m in self.managers if (t := m.next_change_s(now)) is not None]
+        return min(times) if times else None
+
+    def schedule(self, now: float) -> list[Start]:
+        if not self._queue:
+            return []
+        self.decisions += 1
+        ledgers = {m.name: m.ledger() for m in self.managers}
+        cands = self._candidates(ledgers)
+        selected: list[_Candidate] = []
+        groups: dict[tuple[str, str], list[_Candidate]] = {}
+        for c in cands:
+            km = self._key_manager(c.action)
+            groups.setdefault((km.name, c.domains[km.name]), []).append(c)
+        for (mname, domain), members in groups.items():
+            selected += self._elastic(mname, domain, members, ledgers[mname], cands, now)
+        return self._start(selected, now)
+
+    # -- phase 1: FCFS candidates at minimum units -----------------------------------------
+    def _candidates(self, ledgers: Mapping[str, Ledger]) -> list[_Candidate]:
+        out: list[_Candidate] = []
+        blocked: set[tuple[str, str | None]] = set()
+        for order, a in enumerate(self._queue.values()):
+            km = self._key_manager(a)
+            lane = (km.name, km.pinned_domain(a))
+            if lane in blocked:
+                continue
+            units = self._initial_units(a, km)
+            taken: list[tuple[ResourceManager, str, int]] = []
+            for m in self._managers_of(a):
+                u = units if m is km else m.options(a)[0]
+                d = ledgers[m.name].take(a, u)
+                if d is None:
+                    break
+                taken.append((m, d, u))
+            else:
+                out.append(_Candidate(a, order, {m.name: d for m, d, _ in taken}, units))
+                continue
+            for m, d, u in reversed(taken):
+                ledgers[m.name].give(a, d, u, full=True)
+            blocked.add(lane)  # FCFS: nothing behind it in its lane jumps ahead
+        return out
+
+    def _initial_units(self, a: ActionSpec, km: ResourceManager) -> int:
+        opts = km.options(a)
+        k = self.config.fixed_units
+        if k is not None and a.elastic:
+            return max((u for u in opts if u <= k), default=opts[0])
+        return opts[0]
+
+    # -- phase 2: greedy eviction per (key resource, domain) -------------------------------
+    def _scalable(self, a: ActionSpec, km: ResourceManager) -> bool:
+        return (
+            self.config.fixed_units is None
+            and a.elastic
+            and a.elasticity is not None
+            and a.t_ori_s > 0
+            and len(km.options(a)) > 1
+        )
+
+    def _elastic(
+        self,
+        mname: str,
+        domain: str,
+        members: list[_Candidate],
+        ledger: Ledger,
+        cands: list[_Candidate],
+        now: float,
+    ) -> list[_Candidate]:
+        km = next(m for m in self.managers if m.name == mname)
+        scal = [c for c in members if self._scalable(c.action, km)]
+        if not scal:  # Line 5-6: unknown or zero elasticity: minimum units, all selected
+            return members
+        fixed = [c for c in members if not self._scalable(c.action, km)]
+        for c in scal:  # their minimum units return to the pool the DP splits
+            ledger.give(c.action, domain, c.units)
+        cap = ledger.free_units(domain)
+        running = [
+            max(r.end_s - now, 0.0) for r in self._running.values() if r.group == (mname, domain)
+        ]
+        taken = {c.action.action_id for c in cands}
+        remaining = [
+            a
+            for a in self._queue.values()
+            if a.action_id not in taken
+            and self._key_manager(a) is km
+            and km.pinned_domain(a) in (None, domain)
+        ][: self.config.lookahead]
+
+        def objective(k: int) -> tuple[float, Arrangement | None]:
+            prefix = [c.action for c in scal[:k]]
+            arr = ledger.arrange(domain, [self._options(a, km, cap) for a in prefix])
+            if arr is None:
+                return math.inf, None
+            heap = running + [a.duration_s(u) for a, u in zip(prefix, arr.units, strict=True)]
+            heap += [0.0] * min(cap - sum(arr.units), len(remaining) + len(scal) - k)
+            evicted = [c.action for c in scal[k:]]
+            return arr.total + self._estimate(heap, evicted + remaining, km), arr
+
+        obj, best = objective(len(scal))
+        k = len(scal)
+        for t in range(1, len(scal)):  # Line 8-11: evict the last while the objective falls
+            new_obj, arr = objective(len(scal) - t)
+            if new_obj >= obj:
+                break
+            obj, best, k = new_obj, arr, len(scal) - t
+        assert best is not None, "candidates fit at minimum units, so DPArrange is feasible"
+        for c, u in zip(scal[:k], best.units, strict=True):
+            c.units = u
+        return fixed + scal[:k]
+
+    def _options(self, a: ActionSpec, km: ResourceManager, cap: int) -> dict[int, float]:
+        return {u: a.duration_s(u) for u in km.options(a) if u <= cap}
+
+    def _estimate(self, heap: list[float], actions: list[ActionSpec], km: ResourceManager) -> float:
+        """Algorithm 2's ESTIMATE: each remaining action starts when the earliest slot frees."""
+        if not actions:
+            return 0.0
+        first = actions[0]
+        opts = km.options(first)
+        choices = opts[: self.config.depth] if self._scalable(first, km) else opts[:1]
+        best = math.inf
+        for d in choices:
+            h = list(heap)
+            heapq.heapify(h)
+            total = 0.0
+            for i, a in enumerate(actions):
+                ts = heapq.heappop(h) if h else 0.0
+                end = ts + a.duration_s(d if i == 0 else km.options(a)[0])
+                total += end
+                heapq.heappush(h, end)
+            best = min(best, total)
+        return best
+
+    # -- phase 3: concrete allocation ------------------------------------------------------
+    def _start(self, selected: list[_Candidate], now: float) -> list[Start]:
+        out: list[Start] = []
+        # Largest first within a domain: exact for power-of-two chunks (see GPU manager).
+        for c in sorted(selected, key=lambda c: (-c.units, c.order)):
+            a = c.action
+            km = self._key_manager(a)
+            grants = tuple(
+                m.allocate(a, c.units if m is km else m.options(a)[0], c.domains[m.name], now)
+                for m in self._managers_of(a)
+            )
+            overhead = max((g.overhead_s for g in grants), default=0.0)
+            expected = a.duration_s(c.units)
+            domain = c.domains[km.name]
+            del self._queue[a.action_id]
+            self._running[a.action_id] = _Running(
+                a, grants, (km.name, domain), now + overhead + expected
+            )
+            out.append(
+                Start(
+                    action=a,
+                    units=c.units,
+                    domain=domain,
+                    grants=grants,
+                    overhead_s=overhead,
+                    expected_s=expected,
+                )
+            )
+        return out
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _owner(self, key: str) -> ResourceManager:
+        for m in self.managers:
+            if m.owns(key):
+                return m
+        raise ConfigError(f"no resource manager handles resource {key!r}")
+
+    def _key_manager(self, a: ActionSpec) -> ResourceManager:
+        if a.key_resource is not None:
+            return self._owner(a.key_resource)
+        if not a.demand:
+            raise ConfigError(f"action {a.action_id!r} demands no resource")
+        return self._owner(next(iter(a.demand)))
+
+    def _managers_of(self, a: ActionSpec) -> list[ResourceManager]:
+        km = self._key_manager(a)
+        others = {id(m): m for k in a.demand if (m := self._owner(k)) is not km}
+        return [km, *others.values()]
+
+
+@ACTION_POLICIES.register(ActionPolicyKind.TANGRAM)
+def tangram(managers: Sequence[ResourceManager], depth: int = 2) -> ElasticScheduler:
+    return ElasticScheduler(managers, TangramConfig(depth=depth))
+
+
+@ACTION_POLICIES.register(ActionPolicyKind.DOP4)
+def dop4(managers: Sequence[ResourceManager]) -> ElasticScheduler:
+    return ElasticScheduler(managers, TangramConfig(fixed_units=4))
+
+
+@ACTION_POLICIES.register(ActionPolicyKind.DOP16)
+def dop16(managers: Sequence[ResourceManager]) -> ElasticScheduler:
+    return ElasticScheduler(managers, TangramConfig(fixed_units=16))
