@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
+from functools import cached_property
 
 from loom.core.errors import ConfigError
 from loom.core.resources import FeasibleSet
@@ -60,7 +61,7 @@ class ActionSpec:
                 f"action {self.action_id!r}: key resource {self.key_resource!r} has no demand"
             )
 
-    @property
+    @cached_property
     def elastic(self) -> bool:
         if self.key_resource is None:
             return False

@@ -95,7 +95,7 @@ class ResourceManager(ABC):
         """The domain the action must run in, if one is already fixed (trajectory pinning)."""
 
     @abstractmethod
-    def ledger(self) -> Ledger:
+    def ledger(self, now: float = 0.0) -> Ledger:
         """A fresh copy of the free counts for one scheduling pass."""
 
     @abstractmethod

@@ -87,7 +87,8 @@ class BasicManager(ResourceManager):
         keys = self._keys(action)
         return keys[0] if keys else None
 
-    def ledger(self) -> Ledger:
+    def ledger(self, now: float = 0.0) -> Ledger:
+        self._roll(now)
         return _BasicLedger(self)
 
     def allocate(self, action: ActionSpec, units: int, domain: str, now: float) -> Grant:

@@ -103,7 +103,7 @@ class CpuManager(ResourceManager):
     def pinned_domain(self, action: ActionSpec) -> str | None:
         return self._pin.get(action.trajectory_id)
 
-    def ledger(self) -> Ledger:
+    def ledger(self, now: float = 0.0) -> Ledger:
         return _CpuLedger(self)
 
     def allocate(self, action: ActionSpec, units: int, domain: str, now: float) -> Grant:

@@ -192,7 +192,7 @@ class GpuManager(ResourceManager):
     def pinned_domain(self, action: ActionSpec) -> str | None:
         return None
 
-    def ledger(self) -> Ledger:
+    def ledger(self, now: float = 0.0) -> Ledger:
         return _GpuLedger(self)
 
     def allocate(self, action: ActionSpec, units: int, domain: str, now: float) -> Grant:

@@ -78,6 +78,8 @@ class ElasticScheduler:
         self.config = config or TangramConfig()
         self._queue: dict[str, ActionSpec] = {}
         self._running: dict[str, _Running] = {}
+        # getDur(m) for every feasible m, computed once at submission (the formulation step).
+        self._durs: dict[str, dict[int, float]] = {}
         self.decisions = 0
 
     # -- ActionPolicy ----------------------------------------------------------------------
@@ -97,9 +99,12 @@ class ElasticScheduler:
             raise ConfigError(f"action id {action.action_id!r} is already queued or running")
         for m in self._managers_of(action):
             m.validate(action)
+        km = self._key_manager(action)
+        self._durs[action.action_id] = {u: action.duration_s(u) for u in km.options(action)}
         self._queue[action.action_id] = action
 
     def cancel(self, action_id: str) -> bool:
+        self._durs.pop(action_id, None)
         return self._queue.pop(action_id, None) is not None
 
     def finish(self, action_id: str, now: float) -> None:
@@ -124,7 +129,7 @@ class ElasticScheduler:
         if not self._queue:
             return []
         self.decisions += 1
-        ledgers = {m.name: m.ledger() for m in self.managers}
+        ledgers = {m.name: m.ledger(now) for m in self.managers}
         cands = self._candidates(ledgers)
         selected: list[_Candidate] = []
         groups: dict[tuple[str, str], list[_Candidate]] = {}
@@ -161,7 +166,7 @@ class ElasticScheduler:
         return out
 
     def _initial_units(self, a: ActionSpec, km: ResourceManager) -> int:
-        opts = km.options(a)
+        opts = sorted(self._durs[a.action_id])
         k = self.config.fixed_units
         if k is not None and a.elastic:
             return max((u for u in opts if u <= k), default=opts[0])
@@ -174,7 +179,7 @@ class ElasticScheduler:
             and a.elastic
             and a.elasticity is not None
             and a.t_ori_s > 0
-            and len(km.options(a)) > 1
+            and len(self._durs[a.action_id]) > 1
         )
 
     def _elastic(
@@ -206,15 +211,22 @@ class ElasticScheduler:
             and km.pinned_domain(a) in (None, domain)
         ][: self.config.lookahead]
 
+        options = [self._options(c.action, km, cap) for c in scal]
+        first_cost = {  # (unit count, duration) choices for an action heading the remainder
+            id(a): self._head_choices(a, km) for a in [c.action for c in scal] + remaining[:1]
+        }
+        base = [self._min_duration(a, km) for a in remaining]
+        scal_min = [self._min_duration(c.action, km) for c in scal]
+
         def objective(k: int) -> tuple[float, Arrangement | None]:
-            prefix = [c.action for c in scal[:k]]
-            arr = ledger.arrange(domain, [self._options(a, km, cap) for a in prefix])
+            arr = ledger.arrange(domain, options[:k])
             if arr is None:
                 return math.inf, None
-            heap = running + [a.duration_s(u) for a, u in zip(prefix, arr.units, strict=True)]
+            heap = running + [options[i][u] for i, u in enumerate(arr.units)]
             heap += [0.0] * min(cap - sum(arr.units), len(remaining) + len(scal) - k)
-            evicted = [c.action for c in scal[k:]]
-            return arr.total + self._estimate(heap, evicted + remaining, km), arr
+            rest = scal_min[k:] + base
+            head = first_cost[id(scal[k].action if k < len(scal) else remaining[0])] if rest else []
+            return arr.total + _estimate(heap, head, rest), arr
 
         obj, best = objective(len(scal))
         k = len(scal)
@@ -229,27 +241,17 @@ class ElasticScheduler:
         return fixed + scal[:k]
 
     def _options(self, a: ActionSpec, km: ResourceManager, cap: int) -> dict[int, float]:
-        return {u: a.duration_s(u) for u in km.options(a) if u <= cap}
+        durs = self._durs[a.action_id]
+        return durs if max(durs) <= cap else {u: d for u, d in durs.items() if u <= cap}
 
-    def _estimate(self, heap: list[float], actions: list[ActionSpec], km: ResourceManager) -> float:
-        """Algorithm 2's ESTIMATE: each remaining action starts when the earliest slot frees."""
-        if not actions:
-            return 0.0
-        first = actions[0]
-        opts = km.options(first)
-        choices = opts[: self.config.depth] if self._scalable(first, km) else opts[:1]
-        best = math.inf
-        for d in choices:
-            h = list(heap)
-            heapq.heapify(h)
-            total = 0.0
-            for i, a in enumerate(actions):
-                ts = heapq.heappop(h) if h else 0.0
-                end = ts + a.duration_s(d if i == 0 else km.options(a)[0])
-                total += end
-                heapq.heappush(h, end)
-            best = min(best, total)
-        return best
+    def _min_duration(self, a: ActionSpec, km: ResourceManager) -> float:
+        durs = self._durs[a.action_id]
+        return durs[min(durs)]
+
+    def _head_choices(self, a: ActionSpec, km: ResourceManager) -> list[float]:
+        durs = self._durs[a.action_id]
+        units = sorted(durs)[: self.config.depth if self._scalable(a, km) else 1]
+        return [durs[u] for u in units]
 
     # -- phase 3: concrete allocation ------------------------------------------------------
     def _start(self, selected: list[_Candidate], now: float) -> list[Start]:
@@ -263,7 +265,7 @@ class ElasticScheduler:
                 for m in self._managers_of(a)
             )
             overhead = max((g.overhead_s for g in grants), default=0.0)
-            expected = a.duration_s(c.units)
+            expected = self._durs.pop(a.action_id)[c.units]
             domain = c.domains[km.name]
             del self._queue[a.action_id]
             self._running[a.action_id] = _Running(
@@ -314,3 +316,22 @@ def dop4(managers: Sequence[ResourceManager]) -> ElasticScheduler:
 @ACTION_POLICIES.register(ActionPolicyKind.DOP16)
 def dop16(managers: Sequence[ResourceManager]) -> ElasticScheduler:
     return ElasticScheduler(managers, TangramConfig(fixed_units=16))
+
+
+def _estimate(heap: list[float], head: list[float], durations: list[float]) -> float:
+    """Algorithm 2's ESTIMATE: each remaining action starts when the earliest slot of the
+    completion heap frees; the first one tries each of its `depth` allocations (`head`)."""
+    if not durations:
+        return 0.0
+    best = math.inf
+    base = sorted(heap)  # a sorted list is a valid heap
+    for first in head:
+        h = list(base)
+        total = 0.0
+        for i, dur in enumerate(durations):
+            ts = heapq.heappop(h) if h else 0.0
+            end = ts + (first if i == 0 else dur)
+            total += end
+            heapq.heappush(h, end)
+        best = min(best, total)
+    return best

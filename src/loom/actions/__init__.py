@@ -1,0 +1,1 @@
+"""Action level: scheduling tool and reward calls on pooled external resources."""
