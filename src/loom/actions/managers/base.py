@@ -10,7 +10,7 @@ they do no I/O and read no clock.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -68,6 +68,12 @@ class Ledger(ABC):
     def arrange(self, domain: str, durations: Sequence[Mapping[int, float]]) -> Arrangement | None:
         """The optimal split of the domain's free units among elastic tasks (DPArrange with
         this manager's DP operator), or None when they cannot all run."""
+
+    def prefixes(
+        self, domain: str, durations: Sequence[Mapping[int, float]]
+    ) -> Callable[[int], Arrangement | None]:
+        """k -> `arrange(domain, durations[:k])`; unit pools answer every k from one table."""
+        return lambda k: self.arrange(domain, durations[:k])
 
 
 class ResourceManager(ABC):

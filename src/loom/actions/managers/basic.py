@@ -8,11 +8,11 @@ optionally a quota per period (at most `quota` starts within each aligned window
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from loom.actions.managers.base import Grant, Ledger, ResourceManager
-from loom.actions.tangram.arrange import Arrangement
+from loom.actions.tangram.arrange import Arrangement, PrefixArrangements
 from loom.core.actions import ActionSpec
 from loom.core.errors import ConfigError
 
@@ -149,3 +149,8 @@ class _BasicLedger(Ledger):
         from loom.actions.tangram.arrange import dp_arrange
 
         return dp_arrange(durations, self._free[domain])
+
+    def prefixes(
+        self, domain: str, durations: Sequence[Mapping[int, float]]
+    ) -> Callable[[int], Arrangement | None]:
+        return PrefixArrangements(durations, self._free[domain]).arrangement

@@ -9,11 +9,11 @@ own scheduling domain, so the scheduler makes one pass per node.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from loom.actions.managers.base import Grant, Ledger, ResourceManager
-from loom.actions.tangram.arrange import Arrangement, dp_arrange
+from loom.actions.tangram.arrange import Arrangement, PrefixArrangements, dp_arrange
 from loom.core.actions import ActionSpec
 from loom.core.errors import ConfigError
 from loom.core.resources import ResourceKind
@@ -227,3 +227,8 @@ class _CpuLedger(Ledger):
 
     def arrange(self, domain: str, durations: Sequence[Mapping[int, float]]) -> Arrangement | None:
         return dp_arrange(durations, self._cores[domain])
+
+    def prefixes(
+        self, domain: str, durations: Sequence[Mapping[int, float]]
+    ) -> Callable[[int], Arrangement | None]:
+        return PrefixArrangements(durations, self._cores[domain]).arrangement

@@ -33,6 +33,7 @@ __all__ = [
     "ChunkOperator",
     "DpOperator",
     "Durations",
+    "PrefixArrangements",
     "UnitPoolOperator",
     "dp_arrange",
     "dp_arrange_chunks",
@@ -121,6 +122,53 @@ def dp_arrange(durations: Durations, units: int) -> Arrangement | None:
     return Arrangement(total=float(final[used]), units=table.backtrack(options, used))
 
 
+class PrefixArrangements:
+    """`dp_arrange(durations[:k], units)` for every k from one table: greedy eviction drops the
+    last candidate at each step, so it needs the optimum of every prefix. `total(k)` is O(1)
+    after the fill; `arrangement(k)` backtracks only the prefix asked for."""
+
+    def __init__(self, durations: Durations, units: int) -> None:
+        options = _validated_options(durations)
+        budget = _check_count("unit budget", units)
+        self._options = [_at_most(o, budget) if o.low <= budget else o for o in options]
+        self.feasible = 0  # the longest prefix whose minimums fit the budget
+        floor = 0
+        for o in self._options:
+            floor += o.low
+            if floor > budget:
+                break
+            self.feasible += 1
+        self._table = (
+            _UnitPoolTable.fill(self._options[: self.feasible], budget, reserve=False)
+            if self.feasible
+            else None
+        )
+        self._used = (
+            [0] + [int(np.argmin(self._table.row(k))) for k in range(1, self.feasible + 1)]
+            if self._table is not None
+            else [0]
+        )
+
+    def __len__(self) -> int:
+        return len(self._options) + 1
+
+    def total(self, k: int) -> float | None:
+        if k > self.feasible:
+            return None
+        if k == 0 or self._table is None:
+            return 0.0
+        return float(self._table.row(k)[self._used[k]])
+
+    def arrangement(self, k: int) -> Arrangement | None:
+        total = self.total(k)
+        if total is None:
+            return None
+        if k == 0 or self._table is None:
+            return Arrangement(total=0.0, units=())
+        units = self._table.backtrack(self._options[:k], self._used[k])
+        return Arrangement(total=total, units=units)
+
+
 def _at_most(options: _Options, limit: int) -> _Options:
     if options.high <= limit:
         return options
@@ -138,11 +186,14 @@ class _UnitPoolTable:
     pad: int
 
     @classmethod
-    def fill(cls, options: list[_Options], ceiling: int) -> _UnitPoolTable:
+    def fill(cls, options: list[_Options], ceiling: int, *, reserve: bool = True) -> _UnitPoolTable:
+        """`reserve`: leave room for the later tasks' minimums (needed for the full set only;
+        without it, every row i is the exact table of the prefix of i tasks)."""
         pad = max(o.high for o in options)
         lows = np.cumsum([0] + [o.low for o in options]).tolist()
         highs = np.cumsum([0] + [o.high for o in options])
-        highs = np.minimum(highs, ceiling - (lows[-1] - np.array(lows))).tolist()
+        room = ceiling - (lows[-1] - np.array(lows)) if reserve else ceiling
+        highs = np.minimum(highs, room).tolist()
         best = np.full((len(options) + 1, pad + ceiling + 1), np.inf)
         best[0, pad] = 0.0
         # NOTE: window[i, t, j] = best[i, t + j], so row pad - k of window[i] is best[i, j - k]

@@ -218,8 +218,10 @@ class ElasticScheduler:
         base = [self._min_duration(a, km) for a in remaining]
         scal_min = [self._min_duration(c.action, km) for c in scal]
 
+        arrange = ledger.prefixes(domain, options)
+
         def objective(k: int) -> tuple[float, Arrangement | None]:
-            arr = ledger.arrange(domain, options[:k])
+            arr = arrange(k)
             if arr is None:
                 return math.inf, None
             heap = running + [options[i][u] for i, u in enumerate(arr.units)]
