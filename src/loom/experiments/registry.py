@@ -15,6 +15,7 @@ __all__ = ["SYSTEMS", "Reproduction", "SystemKind"]
 
 class SystemKind(StrEnum):
     HEDDLE = "heddle"
+    ROLLMUX = "rollmux"
 
 
 @dataclass(frozen=True)
@@ -40,3 +41,16 @@ def _heddle() -> Reproduction:
 
 
 SYSTEMS.add(SystemKind.HEDDLE, _heddle())
+
+
+def _rollmux() -> Reproduction:
+    from loom.experiments import rollmux
+
+    return Reproduction(
+        tasks=lambda seed, quick: rollmux.run_experiments(seed, quick),
+        plot=rollmux.plot,
+        summary=rollmux.summary,
+    )
+
+
+SYSTEMS.add(SystemKind.ROLLMUX, _rollmux())
