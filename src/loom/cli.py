@@ -75,5 +75,57 @@ def reproduce(
     )
 
 
+serve_app = typer.Typer(help="Run Loom's runtime services.", no_args_is_help=True)
+app.add_typer(serve_app, name="serve")
+
+
+@serve_app.command("actions")
+def serve_actions(
+    config: Annotated[
+        Path | None, typer.Option("--config", help="TOML or JSON settings file")
+    ] = None,
+    host: Annotated[str | None, typer.Option("--host", help="address to bind")] = None,
+    port: Annotated[int | None, typer.Option("--port", help="port to bind")] = None,
+    workdir: Annotated[
+        Path | None,
+        typer.Option("--workdir", help="trajectory workspaces (default: a temporary directory)"),
+    ] = None,
+    cores: Annotated[
+        str | None,
+        typer.Option("--cores", help='cores to schedule, e.g. "0-7,16" (default: all allowed)'),
+    ] = None,
+    policy: Annotated[
+        str | None, typer.Option("--policy", help="action policy (tangram, dop4, dop16)")
+    ] = None,
+) -> None:
+    """Serve tool and reward actions over HTTP, scheduled by an action policy."""
+    from loom.core.errors import ConfigError
+    from loom.runtime.actions import ActionServerConfig, load_config, serve
+    from loom.runtime.actions.driver import policy_factory
+    from loom.runtime.actions.host import local_cpu_node, parse_cpulist
+
+    try:
+        base = load_config(config) if config is not None else ActionServerConfig()
+        settings = base.with_overrides(
+            host=host,
+            port=port,
+            workdir=workdir,
+            cores=parse_cpulist(cores) if cores is not None else None,
+            policy=policy,
+        )
+        node = local_cpu_node(settings.cores, settings.memory_gb)
+        policy_factory(settings.policy)
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    cpus = ",".join(map(str, sorted(c for dom in node.numa for c in dom)))
+    services = ", ".join(s.name for s in settings.services) or "none"
+    console.log(
+        f"[bold]loom action server[/bold] on [link]http://{settings.host}:{settings.port}[/link]"
+        f" — policy {settings.policy.value}, cores {cpus} (NUMA domains: {len(node.numa)}),"
+        f" APIs {len(settings.api)}, services {services}; API docs at /docs"
+    )
+    serve(settings)
+
+
 if __name__ == "__main__":  # pragma: no cover
     app()

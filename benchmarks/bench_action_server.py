@@ -1,0 +1,150 @@
+"""The action server's system overhead on 1-second CPU actions (ARL-Tangram Table 1: at most
+3% of execution time on AI-coding workloads).
+
+Starts `loom serve actions` as its own process on loopback, then keeps as many actions in
+flight as the server has cores (each client worker submits one, long-polls it to its end, and
+submits the next), and reports per action the server's split of its completion time — queue,
+overhead (grant to execution start: the pinned fork/exec), execution — and the client's view
+(submit call to result in hand).
+
+Run: python benchmarks/bench_action_server.py [--n 32] [--seconds 1.0] [--busy] [--cores 0-7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import httpx
+
+PAPER = {"Coding (1280)": (0.975, 0.024), "Coding (1536)": (1.206, 0.036)}  # exec, overhead
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _command(seconds: float, busy: bool) -> list[str]:
+    if not busy:
+        return ["sleep", f"{seconds:g}"]
+    loop = f"import time\nt = time.perf_counter()\nwhile time.perf_counter() - t < {seconds}: pass"
+    return [sys.executable, "-c", loop]
+
+
+async def _worker(
+    http: httpx.AsyncClient, jobs: asyncio.Queue[int], body: dict[str, Any], out: list[dict]
+) -> None:
+    while True:
+        try:
+            i = jobs.get_nowait()
+        except asyncio.QueueEmpty:
+            return
+        t0 = time.perf_counter()
+        r = await http.post("/v1/actions", json={**body, "trajectory_id": f"t{i}"})
+        r.raise_for_status()
+        aid = r.json()["id"]
+        while True:
+            v = (await http.get(f"/v1/actions/{aid}", params={"wait_s": 30})).json()
+            if v["status"] not in ("queued", "running"):
+                break
+        v["client_act_s"] = time.perf_counter() - t0
+        out.append(v)
+
+
+async def _drive(url: str, n: int, workers: int, body: dict[str, Any]) -> list[dict]:
+    jobs: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(n):
+        jobs.put_nowait(i)
+    out: list[dict] = []
+    limits = httpx.Limits(max_connections=workers + 2)
+    async with httpx.AsyncClient(base_url=url, trust_env=False, timeout=60, limits=limits) as h:
+        await asyncio.gather(*(_worker(h, jobs, body, out) for _ in range(workers)))
+    return out
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"the server exited with {proc.returncode}")
+        try:
+            if httpx.get(f"{url}/healthz", trust_env=False).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    raise SystemExit("the server did not become healthy")
+
+
+def _pct(values: list[float], q: int) -> float:
+    if len(values) < 2:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, default=None, help="actions (default: 8 per core)")
+    ap.add_argument("--seconds", type=float, default=1.0, help="duration of each action")
+    ap.add_argument("--busy", action="store_true", help="a busy loop instead of sleep")
+    ap.add_argument("--cores", default=None, help='cores to serve, e.g. "0-3"')
+    args = ap.parse_args()
+
+    cores = len(os.sched_getaffinity(0)) if args.cores is None else None
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryDirectory(prefix="bench-actions-") as work:
+        cmd = [sys.executable, "-m", "loom.cli", "serve", "actions", "--port", str(port)]
+        cmd += ["--workdir", work] + (["--cores", args.cores] if args.cores else [])
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            _wait_healthy(url, proc)
+            stats = httpx.get(f"{url}/v1/stats", trust_env=False).json()
+            cores = len(stats["cores"])
+            n = args.n or 8 * cores
+            body = {"command": _command(args.seconds, args.busy), "cpu": 1, "timeout_s": 60}
+            t0 = time.perf_counter()
+            views = asyncio.run(_drive(url, n, cores, body))
+            wall = time.perf_counter() - t0
+        finally:
+            proc.terminate()
+            proc.wait(30)
+
+    bad = [v["status"] for v in views if v["status"] != "succeeded"]
+    assert not bad, f"actions did not succeed: {bad}"
+    exec_s = [v["exec_s"] for v in views]
+    queue = [v["queue_s"] for v in views]
+    overhead = [v["overhead_s"] for v in views]
+    server_ratio = [(v["act_s"] - v["exec_s"]) / v["exec_s"] for v in views]
+    client_ratio = [(v["client_act_s"] - v["exec_s"]) / v["exec_s"] for v in views]
+    kind = "busy loop" if args.busy else "sleep"
+    print(
+        f"{n} x {args.seconds:g} s {kind} actions, {cores} in flight on {cores} cores, "
+        f"{wall:.1f} s wall ({n * args.seconds / wall:.2f} cores busy on average)"
+    )
+    print(f"  exec      median {statistics.median(exec_s):.4f} s")
+    for name, ms in (("queue", queue), ("overhead", overhead)):
+        med, p95 = statistics.median(ms) * 1e3, _pct(ms, 95) * 1e3
+        print(f"  {name:<9} median {med:7.2f} ms   p95 {p95:7.2f} ms")
+    for name, ratio in (("server", server_ratio), ("client", client_ratio)):
+        note = "  (with the HTTP submit and long-poll)" if name == "client" else ""
+        print(
+            f"  (ACT - exec) / exec, {name}: median {statistics.median(ratio):.2%}  "
+            f"p95 {_pct(ratio, 95):.2%}{note}"
+        )
+    for name, (ex, ov) in PAPER.items():
+        print(f"  paper Table 1 {name}: overhead / exec = {ov / ex:.1%}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""The action server's HTTP API (FastAPI): submit, read, cancel actions; end trajectories."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import Depends, FastAPI, Path, Query, Request
+from fastapi.responses import JSONResponse
+
+from loom import __version__
+from loom.core.errors import ConfigError
+from loom.runtime.actions.config import ActionServerConfig
+from loom.runtime.actions.driver import ActionDriver, ServerClosingError, UnknownActionError
+from loom.runtime.actions.schemas import (
+    ActionAccepted,
+    ActionRequest,
+    ActionView,
+    ServerStats,
+    StatusName,
+    TrajectoryEnded,
+)
+
+__all__ = ["create_app"]
+
+MAX_WAIT_S = 60.0
+
+_DESCRIPTION = """\
+Runs tool and reward actions of RL rollouts on pooled resources — pinned CPU cores, GPU
+services restored on demand, rate-limited APIs — scheduled by an action policy (ARL-Tangram's
+elastic scheduler by default). Submit an action, then poll it (or long-poll with `wait_s`)
+until its status is terminal: succeeded, failed, cancelled or timed_out.
+"""
+
+
+def _driver(request: Request) -> ActionDriver:
+    driver: ActionDriver = request.app.state.driver
+    return driver
+
+
+Driver = Annotated[ActionDriver, Depends(_driver)]
+
+
+def create_app(config: ActionServerConfig | None = None, *, trust_env: bool = True) -> FastAPI:
+    """The app; its lifespan starts the driver and, on shutdown, stops every action.
+    `trust_env=False` keeps API actions away from proxy settings in the environment."""
+    cfg = config or ActionServerConfig()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        driver = ActionDriver(cfg, trust_env=trust_env)
+        await driver.start()
+        app.state.driver = driver
+        try:
+            yield
+        finally:
+            await driver.close()
+
+    app = FastAPI(
+        title="Loom action server",
+        version=__version__,
+        description=_DESCRIPTION,
+        lifespan=lifespan,
+    )
+    _add_error_handlers(app)
+    _add_routes(app)
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    async def invalid(request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse(status_code=422, content={"detail": str(exc)})
+
+    async def unknown(request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse(status_code=404, content={"detail": str(exc)})
+
+    async def closing(request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse(status_code=503, content={"detail": str(exc)})
+
+    app.add_exception_handler(ConfigError, invalid)
+    app.add_exception_handler(UnknownActionError, unknown)
+    app.add_exception_handler(ServerClosingError, closing)
+
+
+def _add_routes(app: FastAPI) -> None:
+    @app.get("/healthz", tags=["server"])
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/v1/stats", tags=["server"])
+    async def stats(driver: Driver) -> ServerStats:
+        return driver.stats()
+
+    @app.post("/v1/actions", status_code=202, tags=["actions"])
+    async def submit(body: ActionRequest, driver: Driver) -> ActionAccepted:
+        """Queue an action. 422 when it is malformed or could never run here."""
+        rec = driver.submit(body)
+        return ActionAccepted(id=rec.id, status=StatusName.of(rec.status))
+
+    @app.get("/v1/actions/{action_id}", tags=["actions"])
+    async def get_action(
+        action_id: str,
+        driver: Driver,
+        wait_s: Annotated[
+            float, Query(ge=0, le=MAX_WAIT_S, description="wait up to this long for the end")
+        ] = 0.0,
+    ) -> ActionView:
+        rec = driver.get(action_id)
+        if wait_s > 0 and not rec.status.terminal:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(rec.done.wait(), wait_s)
+        return rec.view(driver.clock)
+
+    @app.delete("/v1/actions/{action_id}", tags=["actions"])
+    async def cancel_action(action_id: str, driver: Driver) -> ActionView:
+        """Cancel a queued action or kill a running one; a finished one is left as it is."""
+        rec = await driver.cancel(action_id)
+        return rec.view(driver.clock)
+
+    @app.post("/v1/trajectories/{trajectory_id}/end", tags=["trajectories"])
+    async def end_trajectory(
+        trajectory_id: Annotated[
+            str, Path(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+        ],
+        driver: Driver,
+    ) -> TrajectoryEnded:
+        """Cancel the trajectory's unfinished actions and free its workspace and pins."""
+        return await driver.end_trajectory(trajectory_id)

@@ -1,0 +1,136 @@
+"""The action server's settings: where it listens, which cores it schedules, its API quotas,
+its GPU nodes and services; loadable from a TOML or JSON file."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from loom.actions.policy import ActionPolicyKind
+from loom.core.errors import ConfigError
+
+__all__ = [
+    "ActionServerConfig",
+    "ApiLimitConfig",
+    "GpuNodeConfig",
+    "GpuServiceConfig",
+    "ServiceModelKind",
+    "load_config",
+]
+
+Name = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+
+
+class _Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ApiLimitConfig(_Settings):
+    """One API quota: at most `concurrency` calls in flight and, when `quota` is set, at most
+    `quota` calls started in each aligned window of `period_s` seconds."""
+
+    name: Name = Field(description="quota name that API actions refer to")
+    concurrency: int = Field(ge=1, description="calls in flight at once")
+    quota: int | None = Field(default=None, ge=1, description="calls started per period")
+    period_s: float = Field(default=60.0, gt=0, description="quota window, seconds")
+
+
+class GpuNodeConfig(_Settings):
+    """A GPU node as the GPU manager sees it; with CUDA its GPUs are the next `gpus` devices,
+    without CUDA every GPU is the host CPU (the same logic on a slower device tier)."""
+
+    name: Name = "gpu0"
+    gpus: int = Field(default=1, ge=1, description="devices, a power of two")
+    memory_gb: float = Field(gt=0, description="memory per device the services may fill")
+    h2d_gbs: float = Field(default=25.0, gt=0, description="host-to-device GB/s (restore estimate)")
+    restore_fixed_s: float = Field(default=0.01, ge=0, description="fixed restore cost estimate")
+
+
+class ServiceModelKind(StrEnum):
+    """Torch modules the server knows how to build (see `service_models`)."""
+
+    MLP_REWARD = "mlp_reward"  # an MLP scoring input vectors: a stand-in reward model
+
+
+class GpuServiceConfig(_Settings):
+    """A named service: which module, its shape, its seed, and the degrees it may run at."""
+
+    name: Name
+    model: ServiceModelKind = ServiceModelKind.MLP_REWARD
+    dim: int = Field(default=16, ge=1, le=65536, description="input vector length")
+    hidden: int = Field(default=64, ge=1, le=65536, description="hidden width")
+    layers: int = Field(default=2, ge=1, le=64, description="hidden layers")
+    seed: int = Field(default=0, description="seed of the weights")
+    working_gb: float = Field(default=0.0, ge=0, description="per-GPU working memory")
+    dops: tuple[int, ...] = Field(default=(1,), min_length=1, description="degrees (powers of 2)")
+
+
+class ActionServerConfig(_Settings):
+    """Everything `loom serve actions` needs; every field has a default except services'
+    device memory, so an empty file (or none) serves this machine's cores."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8077, ge=0, le=65535)
+    workdir: Path | None = Field(
+        default=None, description="trajectory workspaces; None: a temporary directory"
+    )
+    cores: tuple[int, ...] | None = Field(
+        default=None, description="core ids to schedule; None: this process's allowed cores"
+    )
+    memory_gb: float | None = Field(
+        default=None, gt=0, description="memory for environments; None: the machine's"
+    )
+    policy: ActionPolicyKind = ActionPolicyKind.TANGRAM
+    default_timeout_s: float = Field(default=600.0, gt=0)
+    max_output_bytes: int = Field(default=1 << 20, ge=1024, description="kept per stream (tail)")
+    max_records: int = Field(default=100_000, ge=1, description="finished actions remembered")
+    api: tuple[ApiLimitConfig, ...] = ()
+    gpu_nodes: tuple[GpuNodeConfig, ...] = ()
+    services: tuple[GpuServiceConfig, ...] = ()
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> ActionServerConfig:
+        for what, names in (
+            ("API quota", [a.name for a in self.api]),
+            ("GPU node", [n.name for n in self.gpu_nodes]),
+            ("service", [s.name for s in self.services]),
+        ):
+            dup = {n for n in names if names.count(n) > 1}
+            if dup:
+                raise ValueError(f"duplicate {what} names: {sorted(dup)}")
+        if self.cores is not None and len(set(self.cores)) != len(self.cores):
+            raise ValueError("cores lists a core twice")
+        return self
+
+    def with_overrides(self, **values: Any) -> ActionServerConfig:
+        """A copy with the given fields replaced (None leaves a field as it is), validated."""
+        data = self.model_dump()
+        data.update({k: v for k, v in values.items() if v is not None})
+        return _validated(data, "command-line options")
+
+
+def _validated(data: dict[str, Any], source: str) -> ActionServerConfig:
+    try:
+        return ActionServerConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"invalid action server config ({source}):\n{exc}") from None
+
+
+def load_config(path: Path) -> ActionServerConfig:
+    """Read a `.toml` or `.json` file into a validated config."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(text) if path.suffix != ".json" else json.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"cannot parse config {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config {path} must hold a table of settings")
+    return _validated(data, str(path))

@@ -1,0 +1,91 @@
+"""Running the action server under uvicorn: in the foreground (`loom serve actions`) or in a
+background thread on a socket already bound (tests, benchmarks, embedding)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from types import TracebackType
+
+import uvicorn
+from fastapi import FastAPI
+
+from loom.runtime.actions.app import create_app
+from loom.runtime.actions.config import ActionServerConfig
+
+__all__ = ["BackgroundServer", "serve", "uvicorn_config"]
+
+GRACEFUL_S = 5.0  # long-polls get this long to finish when the server stops
+
+
+def uvicorn_config(app: FastAPI, host: str, port: int, log_level: str = "info") -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        lifespan="on",
+        ws="none",
+        timeout_graceful_shutdown=int(GRACEFUL_S),
+    )
+
+
+def serve(config: ActionServerConfig, log_level: str = "info") -> None:
+    """Serve until interrupted (SIGINT/SIGTERM); every action ends before it returns."""
+    app = create_app(config)
+    uvicorn.Server(uvicorn_config(app, config.host, config.port, log_level)).run()
+
+
+class BackgroundServer:
+    """The server in a daemon thread on a free port of `config.host`; a context manager.
+    `app.state.driver` stays readable after `stop` (every action then is terminal)."""
+
+    def __init__(
+        self, config: ActionServerConfig, *, trust_env: bool = True, log_level: str = "warning"
+    ) -> None:
+        self.app = create_app(config, trust_env=trust_env)
+        # NOTE: proto must say TCP: asyncio sets TCP_NODELAY on accepted connections only
+        # then, and without it keep-alive responses wait ~40 ms for a delayed ACK.
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((config.host, config.port))
+        host, port = self._sock.getsockname()[:2]
+        self.url = f"http://{host}:{port}"
+        self._server = uvicorn.Server(uvicorn_config(self.app, host, port, log_level))
+        self._thread = threading.Thread(target=self._run, name="action-server", daemon=True)
+        self._error: BaseException | None = None
+
+    def _run(self) -> None:
+        try:
+            self._server.run(sockets=[self._sock])
+        except BaseException as exc:  # surfaced by start()/stop()
+            self._error = exc
+
+    def start(self, timeout_s: float = 30.0) -> BackgroundServer:
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"the action server did not start: {self._error!r}")
+            time.sleep(0.01)
+        return self
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        self._server.should_exit = True
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+        self._sock.close()
+        assert not self._thread.is_alive(), "the action server did not stop"
+
+    def __enter__(self) -> BackgroundServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

@@ -1,0 +1,50 @@
+"""Action servers on loopback for the runtime tests: real uvicorn, real processes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from action_server_client import Client
+
+from loom.runtime.actions import ActionServerConfig, BackgroundServer
+
+
+@pytest.fixture
+def make_client(tmp_path: Path) -> Iterator[Callable[..., Client]]:
+    """Start a server (config fields as keyword arguments) and a client for it. On teardown
+    the server stops, and every action it accepted must be terminal."""
+    clients: list[Client] = []
+
+    def make(**settings: Any) -> Client:
+        settings.setdefault("workdir", tmp_path / "work")
+        cfg = ActionServerConfig(port=0, **settings)
+        client = Client(BackgroundServer(cfg, trust_env=False).start())
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        client.close()
+        client.server.stop()
+        records = client.server.app.state.driver.records.values()
+        lost = [r.id for r in records if not r.status.terminal]
+        assert not lost, f"actions left without a terminal state: {lost}"
+
+
+@pytest.fixture(scope="module")
+def shared_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
+    """One default server for a whole module (tests that leave nothing running)."""
+    cfg = ActionServerConfig(port=0, workdir=tmp_path_factory.mktemp("work"))
+    client = Client(BackgroundServer(cfg, trust_env=False).start())
+    yield client
+    client.close()
+    client.server.stop()
+
+
+@pytest.fixture
+def client(make_client: Callable[..., Client]) -> Client:
+    """A server scheduling every core of this machine, no APIs, no GPU services."""
+    return make_client()
