@@ -102,3 +102,23 @@ def test_opt_is_never_worse_than_rollmux(specs):
 
 def test_registry_has_every_policy():
     assert set(CLUSTER_POLICIES.names()) == {k.value for k in ClusterPolicyKind}
+
+
+def test_ties_in_marginal_cost_go_to_the_first_group():
+    """Algorithm 1 updates its record only on a strictly lower cost: among zero-cost packings the
+    first group in creation order wins, not the one it would leave busiest."""
+    pol = RollMuxScheduler(PolicyConfig(bed=BED))
+    g0 = pol.on_arrival(job("a", 200, 200), (), 0).layout
+    g1 = pol.on_arrival(job("b", 140, 140), (), 1).layout
+    p = pol.on_arrival(job("c", 150, 150), (g0, g1), 2)  # g1 would be left busier
+    assert p.strategy == "direct" and p.layout.group_id == 0
+
+
+def test_opt_replans_on_arrivals_only_unless_asked():
+    cfg = PolicyConfig(bed=BED)
+    a, b = job("a", 100, 100), job("b", 100, 100)
+    plan = OptimalScheduler(cfg).on_arrival(b, (OptimalScheduler(cfg).solve([a])[0],), 1)
+    assert len(plan.layouts) == 1 and set(plan.layouts[0].job_ids) == {"a", "b"}
+    assert OptimalScheduler(cfg).regroup(plan.layouts, 2) is None
+    again = OptimalScheduler(cfg, regroup_on_departure=True).regroup(plan.layouts, 2)
+    assert again is not None and sum(len(g.members) for g in again.layouts) == 2

@@ -156,3 +156,78 @@ def test_executor_invariants(specs, nodes, migration, seed):
         runs.sort(key=lambda r: (r.iteration, r.kind != PhaseKind.ROLLOUT))
         for a, b in itertools.pairwise(runs):
             assert b.start >= a.end - 1e-9, "a job's phases must run in dependency order"
+
+
+def _member_layout(specs, nodes, rng):
+    members = []
+    for i, (r, t, k, w) in enumerate(specs):
+        k = min(k, nodes)
+        pins = tuple(sorted(rng.choice(nodes, size=k, replace=False).tolist()))
+        j = job(f"j{i}", r, t, nodes=k, train_nodes=1, warm_s=w, sync_s=1.0)
+        members.append(Member(job=j, nodes=pins))
+    return GroupLayout(group_id=0, members=tuple(members), rollout_nodes=nodes, train_nodes=1)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.tuples(phase, phase, st.integers(1, 2), st.floats(0, 3)), min_size=1, max_size=5),
+    st.integers(1, 4),
+    st.integers(0, 10**6),
+    st.booleans(),
+)
+def test_actual_iterations_never_end_after_the_worst_case_plan(specs, nodes, seed, migration):
+    """Admission is sound: with any phase times at or below the worst case (long-tail migration
+    on or off), every iteration of every member ends no later than in the worst-case plan."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    layout = _member_layout(specs, nodes, rng)
+    its, mig = 6, 2.0
+    frac = rng.uniform(0.3, 1.0, size=(len(specs), its, 3))
+
+    def actual(i, k):
+        j = layout.members[i].job
+        roll, head = j.roll_s * frac[i, k, 0], frac[i, k, 1]
+        return PhaseTimes(
+            roll_head_s=roll * head,
+            roll_tail_s=roll * (1 - head),
+            train_s=j.train_s * frac[i, k, 2] + j.sync_s,
+        )
+
+    shared_mig = mig if len(specs) > 1 else 0.0
+    got = run_round_robin(layout, actual, its, migration=migration, migration_s=mig)
+    plan = run_round_robin(layout, worst_case_times(layout, shared_mig), its)
+    for ends, planned in zip(got.iteration_ends, plan.iteration_ends, strict=True):
+        for e, p in zip(ends, planned, strict=True):
+            assert e <= p + 1e-6
+
+
+def test_a_rollout_finishing_before_a_straggler_tail_does_not_jump_the_training_queue():
+    """A (rollout-heavy) then B (train-heavy) on one node, B's training at half its worst case.
+    With migration B's rollout ends before A's straggler tail; served first-come, B would train
+    twice per A iteration and stretch A's period 7% past the worst-case plan. The training pool
+    keeps the round-robin order, so every period stays within the plan."""
+    g = one_node_group(job("a", 150.0, 50.0), job("b", 50.0, 150.0))
+
+    def actual(i, _k):
+        j = g.members[i].job
+        train = j.train_s * (0.5 if i == 1 else 1.0)
+        return PhaseTimes(roll_head_s=0.55 * j.roll_s, roll_tail_s=0.45 * j.roll_s, train_s=train)
+
+    sched = run_round_robin(g, actual, 8, migration=True, migration_s=2.0)
+    trains = [r.job_id for r in sched.runs if r.kind == PhaseKind.TRAIN]
+    assert trains == ["a", "b"] * 8
+    planned = worst_case_periods(g, 2.0)
+    assert all(sched.period_s(i, 4) <= planned + 1e-6 for i in range(2))
+
+
+def test_migration_starts_the_next_rollout_at_the_first_head_end():
+    g = one_node_group(job("a", 100.0, 100.0), job("b", 100.0, 100.0))
+
+    def actual(_i, _k):
+        return PhaseTimes(roll_head_s=60.0, roll_tail_s=40.0, train_s=100.0)
+
+    runs = run_round_robin(g, actual, 1, migration=True, migration_s=2.0).runs
+    first, second = (r for r in runs if r.kind == PhaseKind.ROLLOUT)
+    assert first.tail_start == first.head_end == 60.0
+    assert second.start == first.head_end

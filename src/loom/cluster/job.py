@@ -34,6 +34,9 @@ class MuxJob:
     iterations: int = 1
     arrival_s: float = 0.0
     kind: str = ""  # workload label (profile name), for reporting only
+    # Worst-case rollout time on the job's training GPUs, for co-located baselines (veRL); None:
+    # as on the rollout pool. See `loom.cluster.colocation`.
+    colocated_roll_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.rollout_nodes < 1 or self.train_nodes < 1:
@@ -44,6 +47,8 @@ class MuxJob:
             raise ConfigError(f"job {self.job_id!r}: SLO is a slowdown bound, must be >= 1")
         if self.iterations < 1:
             raise ConfigError(f"job {self.job_id!r}: iterations must be >= 1")
+        if self.colocated_roll_s is not None and not self.colocated_roll_s > 0:
+            raise ConfigError(f"job {self.job_id!r}: co-located rollout time must be > 0")
 
     @property
     def train_total_s(self) -> float:

@@ -25,6 +25,7 @@ __all__ = [
     "job_types",
     "noise_model",
     "philly",
+    "production",
     "profiles",
     "scaling",
     "switch_cost",
@@ -104,6 +105,7 @@ class Footprint:
 
     rollout_gb: float
     train_gb: float
+    rollout_tp: int = 1  # GPUs per rollout replica
 
 
 def footprint(size: str) -> Footprint:
@@ -198,7 +200,7 @@ def job_types() -> dict[str, JobType]:
 
 @dataclass(frozen=True, kw_only=True)
 class Philly:
-    """Shape of the Philly segment in §7.5."""
+    """Shape of a job trace: the Philly segment of §7.5, or §7.4's production trace."""
 
     jobs: int
     span_h: float
@@ -225,3 +227,9 @@ def scaling() -> Scaling:
 @cache
 def philly() -> Philly:
     return Philly(**_table("philly"))
+
+
+@cache
+def production() -> Philly:
+    """§7.4's two-week production trace."""
+    return Philly(**_table("production"))

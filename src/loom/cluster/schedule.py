@@ -3,9 +3,16 @@ starts, and optional long-tail migration. Pure: durations are passed in, time is
 
 Rollout phases wait in one FIFO queue per rollout node (a ticket taken when the job becomes
 ready, in round-robin order at the start); a job starts when it heads the queue of every node
-it is pinned to. Training phases use the whole training pool, FIFO. With migration, when a
-rollout's head (the first 80% of responses) finishes, its stragglers are consolidated onto
-`tail_gpu_frac` of its GPUs and the next queued rollout starts on the rest at reduced rate.
+it is pinned to. Training phases use the whole training pool in the round-robin order of the
+meta-iteration (§4.3: Train_A -> Train_B). With migration, when a rollout's head (the first 80%
+of responses) finishes, its stragglers are consolidated onto `tail_gpu_frac` of its GPUs and the
+next queued rollout starts on the rest at reduced rate.
+
+NOTE: the training order is fixed, not first-come: with migration a short rollout can finish
+before the straggler tail of the rollout ahead of it, and serving it first would let its long
+training delay the other job's (a 12% longer period than the worst-case plan in §7.5 traces).
+With fixed orders on every resource, phase end times only grow with phase durations, so the
+worst-case plan that admission checks bounds every actual period.
 """
 
 from __future__ import annotations
@@ -126,7 +133,8 @@ def run_round_robin(
     ends: list[list[float]] = [[] for _ in range(n)]
     done = [0] * n
     roll_wait: list[tuple[int, int]] = [(i, i) for i in range(n) if its[i] > 0]  # (ticket, m)
-    train_wait: list[int] = []
+    train_ready: set[int] = set()
+    turn = 0  # member whose training is next in the round-robin order
     ticket = n
     events: list[tuple[float, int, int, int]] = []  # (time, seq, kind 0=roll end 1=train end, m)
     seq = 0
@@ -134,7 +142,7 @@ def run_round_robin(
     all_train = tuple(range(layout.train_nodes))
 
     def dispatch() -> None:
-        nonlocal seq
+        nonlocal seq, turn
         blocked: set[int] = set()
         still: list[tuple[int, int]] = []
         for tk, m in roll_wait:
@@ -178,8 +186,9 @@ def run_round_robin(
             seq += 1
             blocked.update(mine)
         roll_wait[:] = still
-        if train_wait and train.free_at <= now:
-            m = train_wait.pop(0)
+        if train.free_at <= now and _next_turn() in train_ready:
+            m = turn
+            train_ready.discard(m)
             times = durations(m, done[m])
             load = warm[m] if shared and train.last != m else 0.0
             end = now + load + times.train_s
@@ -198,11 +207,21 @@ def run_round_robin(
                 )
             heapq.heappush(events, (end, seq, 1, m))
             seq += 1
+            turn = (m + 1) % n
+
+    def _next_turn() -> int:
+        """Skip members that have run all their iterations."""
+        nonlocal turn
+        for _ in range(n):
+            if done[turn] < its[turn]:
+                return turn
+            turn = (turn + 1) % n
+        return -1
 
     def finish(kind: int, m: int) -> None:
         nonlocal ticket
         if kind == 0:
-            train_wait.append(m)
+            train_ready.add(m)
         elif kind == 1:
             ends[m].append(now)
             done[m] += 1
@@ -211,6 +230,7 @@ def run_round_robin(
                 ticket += 1
 
     dispatch()
+    _wake_for_heads(nodes, roll_wait, events, now)
     while events:
         now, _s, kind, m = heapq.heappop(events)
         finish(kind, m)

@@ -1,4 +1,15 @@
-"""Model synchronization across the slow inter-pool link: flat all-gather vs two-stage (§5.2)."""
+"""Model synchronization across the slow inter-pool link: flat all-gather vs two-stage (§5.2).
+
+The link is the single 20 Gbps Ethernet link of §7.1. A flat all-gather sends one full copy per
+rollout GPU across it, the two-stage scheme one copy, so the speedup is about the number of
+rollout GPUs: 7.96x for 8 -> 8 (Fig. 12: 7.87-8.33x) and 15.6x for 16 -> 16.
+
+NOTE: Fig. 12 reports 2.62-2.75x for 16 -> 16, which no link model consistent with §5.2 gives:
+with one link per node pair (4 for 2x2 nodes) and the flat all-gather spread over all of them,
+the ratio is 7.6x when the two-stage's parallel P2P streams use the 2 matched node pairs, and
+3.9x even if they were confined to one link. The paper does not describe its multi-node setup
+further, so the model keeps §7.1's single link.
+"""
 
 from __future__ import annotations
 

@@ -1,8 +1,10 @@
 """Baselines without phase multiplexing: every job gets its own GPUs for its whole life.
 
 - `solo_d`: dedicated rollout and training nodes, 1:1 (standard disaggregation).
-- `verl`: co-located, every phase on the job's training (H800) nodes; the weights are resharded
-  locally (a warm switch) instead of synchronized across the slow link.
+- `verl`: co-located, rollout and training serialize on the job's training (H800) nodes, so it
+  pays H800 prices for the sum of the phase times; rollout runs at H800 decode speed
+  (`MuxJob.colocated_roll_s`) and the weights are resharded locally (a warm switch) instead of
+  synchronized across the slow link.
 - `gavel_plus`: job-level, heterogeneity-aware allocation (Gavel [29] made RL-aware): it picks
   the number of rollout nodes that maximizes the job's throughput per dollar, but never
   interleaves phases of different jobs.
@@ -40,7 +42,8 @@ class SoloDisaggregated:
 
 def colocated_job(job: MuxJob) -> MuxJob:
     """The job as veRL runs it: rollout on the training GPUs, a local reshard instead of a sync."""
-    return replace(job, sync_s=job.warm_s)
+    roll = job.roll_s if job.colocated_roll_s is None else job.colocated_roll_s
+    return replace(job, roll_s=roll, sync_s=job.warm_s)
 
 
 class VerlColocated:

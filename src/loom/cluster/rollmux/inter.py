@@ -24,11 +24,9 @@ __all__ = ["RollMuxScheduler"]
 
 
 class RollMuxScheduler:
-    """Algorithm 1. Ties in marginal cost go to the group left busiest (best fit).
-
-    NOTE: the paper leaves ties open; among zero-cost packings, best fit keeps emptier groups
-    free for later, heavier jobs.
-    """
+    """Algorithm 1. Ties in marginal cost keep the first placement found (line 13 updates the
+    record only on a strictly lower cost): groups in the order given, which is creation order,
+    and inside a group the order of `generate_placements`."""
 
     def __init__(self, config: PolicyConfig) -> None:
         self.config = config
@@ -39,27 +37,25 @@ class RollMuxScheduler:
     ) -> Placement:
         bed, host = self.config.bed, self.config.bed.host_memory_gb
         best: Placement | None = None
-        best_key = (float("inf"), 0.0)
+        best_delta = float("inf")
         node_price = bed.rollout_node_price_h
         for group in groups:
             if group.saturated or not can_join(group, job, self.config.max_group_size, host):
                 continue
             for cand in generate_placements(group, job, host):
                 delta = cand.new_rollout_nodes * node_price
-                if delta > best_key[0]:
+                if delta >= best_delta:
                     break  # later candidates of this group only add nodes
                 self.evaluated += 1
                 if not check_layout(cand.layout, host, self.config.migration_s).ok:
                     continue
-                key = (delta, -cand.layout.load_s / cand.layout.cycle_s)
-                if key < best_key:
-                    best_key = key
-                    best = Placement(
-                        layout=cand.layout,
-                        new_group=False,
-                        marginal_cost_h=delta,
-                        strategy=cand.strategy,
-                    )
+                best_delta = delta
+                best = Placement(
+                    layout=cand.layout,
+                    new_group=False,
+                    marginal_cost_h=delta,
+                    strategy=cand.strategy,
+                )
                 break  # the cheapest valid candidate of this group is found
         iso = isolated_layout(job, next_group_id)
         iso_cost = iso.cost_per_h(bed)

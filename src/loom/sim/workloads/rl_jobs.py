@@ -1,5 +1,6 @@
 """RL job workloads for the cluster level: Table 6 profiles with Philly-shaped arrivals and
-durations (§7.5), a loader for a Philly-derived trace, and Table 3's micro-benchmark jobs.
+durations (§7.5), a loader for a Philly-derived trace, Table 3's micro-benchmark jobs, and
+§7.4's production trace of Table 3 job types.
 
 A job's Table 6 times are its worst case (every response at the maximum length); its actual
 per-iteration times are drawn below them by `loom.cluster.params.NoiseModel`. Its duration
@@ -15,14 +16,17 @@ from pathlib import Path
 
 import numpy as np
 
+from loom.cluster.colocation import rollout_speed
 from loom.cluster.job import MuxJob
 from loom.cluster.params import (
     NoiseModel,
+    Philly,
     Testbed,
     footprint,
     job_types,
     noise_model,
     philly,
+    production,
     profiles,
     switch_cost,
     testbed,
@@ -36,12 +40,17 @@ __all__ = [
     "ArrivalTrace",
     "load_philly_csv",
     "micro_job",
+    "production_jobs",
     "synthetic_philly",
     "table6_jobs",
 ]
 
 KINDS = ("balanced", "rollout_heavy", "train_heavy", "mixed")
 PARAMS_B = {"3b": 3.1, "7b": 7.6, "14b": 14.7, "32b": 32.5}  # bf16 weights for sync (models.toml)
+# NOTE: Table 6 gives no model or response length; its sizes run Table 3's single-turn models
+# with Table 3's 8K maximum response length (for the roofline of co-located rollouts).
+SIZE_MODELS = {"7b": "qwen2.5-7b", "14b": "qwen2.5-14b", "32b": "qwen2.5-32b"}
+SIM_MAX_LEN = 8192
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,10 +70,17 @@ def synthetic_philly(
 ) -> ArrivalTrace:
     """Poisson arrivals over the span with lognormal durations of the Philly segment's mean,
     capped at its longest job (§7.5: 300 jobs, 580 h, mean 14.4 h, max 142.9 h)."""
-    p = philly()
+    return _synthetic(philly(), seed, "philly", jobs, span_h)
+
+
+def _synthetic(
+    p: Philly, seed: int, name: str, jobs: int | None, span_h: float | None
+) -> ArrivalTrace:
+    """`jobs` arrivals (fewer than the trace's: over a proportionally shorter span, keeping the
+    arrival rate) with heavy-tailed durations of the trace's mean."""
     n = jobs or p.jobs
     span = span_h if span_h is not None else p.span_h * n / p.jobs
-    rng = stream(seed, "philly")
+    rng = stream(seed, name)
     arrivals = np.sort(rng.uniform(0.0, span, size=n))
     sigma = 1.4  # NOTE: heavy-tailed like Philly's durations; mu keeps the segment's mean
     mu = np.log(p.mean_duration_h) - sigma**2 / 2
@@ -117,10 +133,15 @@ def _job(
     train: float,
     slo: float,
     bed: Testbed,
+    *,
+    model: str | None = None,
+    max_len: int = SIM_MAX_LEN,
     **kw: object,
 ) -> MuxJob:
     nodes = max(1, gpus // bed.gpus_per_node)
     fp = footprint(size)
+    speed = rollout_speed(model or SIZE_MODELS[size], fp.rollout_tp, max_len)
+    tail_share = 1.0 - noise_model().tail_start_frac
     return MuxJob(
         job_id=job_id,
         size=size,
@@ -133,6 +154,7 @@ def _job(
         rollout_mem_gb=fp.rollout_gb,
         train_mem_gb=fp.train_gb,
         slo=slo,
+        colocated_roll_s=roll * speed.time_ratio(tail_share),
         **kw,  # type: ignore[arg-type]
     )
 
@@ -186,11 +208,38 @@ def micro_job(
     t = types[type_name]
     bed = bed or testbed()
     job = _job(
-        job_id, t.size, t.n_r, t.roll_s, t.train_s, slo, bed, iterations=iterations, kind=type_name
+        job_id,
+        t.size,
+        t.n_r,
+        t.roll_s,
+        t.train_s,
+        slo,
+        bed,
+        iterations=iterations,
+        kind=type_name,
+        model=t.model,
+        max_len=t.max_len,
     )
     if t.n_t != t.n_r:
         job = MuxJob(**{**job.__dict__, "train_nodes": t.n_t // bed.gpus_per_node})
     return job
+
+
+def production_jobs(seed: int, jobs: int | None = None) -> list[MuxJob]:
+    """§7.4's trace: two weeks of arrivals (fewer jobs: a proportionally shorter span) with a
+    mean job duration of 27.9 h; each job one of Table 3's production-derived types, uniformly,
+    with its SLO drawn from Unif(1, 2)."""
+    trace = _synthetic(production(), seed, "production", jobs, None)
+    noise = noise_model()
+    names = sorted(job_types())
+    rng = stream(seed, "production:types")
+    out = []
+    for i, (arr, dur) in enumerate(zip(trace.arrivals_h, trace.durations_h, strict=True)):
+        name = names[int(rng.integers(len(names)))]
+        job = micro_job(name, f"p{i:04d}", 1, slo=float(rng.uniform(1.0, 2.0)))
+        iters = max(1, round(dur * 3600 / expected_solo_s(job, noise)))
+        out.append(MuxJob(**{**job.__dict__, "iterations": iters, "arrival_s": arr * 3600}))
+    return out
 
 
 def mean_concurrency(jobs: Sequence[MuxJob]) -> float:
