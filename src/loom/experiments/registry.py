@@ -15,6 +15,7 @@ __all__ = ["SYSTEMS", "Reproduction", "SystemKind"]
 
 class SystemKind(StrEnum):
     HEDDLE = "heddle"
+    TANGRAM = "tangram"
     ROLLMUX = "rollmux"
 
 
@@ -40,7 +41,18 @@ def _heddle() -> Reproduction:
     )
 
 
+def _tangram() -> Reproduction:
+    from loom.experiments import tangram
+
+    return Reproduction(
+        tasks=lambda seed, quick: tangram.run_experiments(seed, quick),
+        plot=tangram.plot,
+        summary=tangram.summary,
+    )
+
+
 SYSTEMS.add(SystemKind.HEDDLE, _heddle())
+SYSTEMS.add(SystemKind.TANGRAM, _tangram())
 
 
 def _rollmux() -> Reproduction:
