@@ -80,6 +80,8 @@ class ElasticScheduler:
         self._running: dict[str, _Running] = {}
         # getDur(m) for every feasible m, computed once at submission (the formulation step).
         self._durs: dict[str, dict[int, float]] = {}
+        # Each queued action's managers, key manager first (fixed at submission).
+        self._mgrs: dict[str, list[ResourceManager]] = {}
         self.decisions = 0
 
     # -- ActionPolicy ----------------------------------------------------------------------
@@ -101,10 +103,12 @@ class ElasticScheduler:
             m.validate(action)
         km = self._key_manager(action)
         self._durs[action.action_id] = {u: action.duration_s(u) for u in km.options(action)}
+        self._mgrs[action.action_id] = self._managers_of(action)
         self._queue[action.action_id] = action
 
     def cancel(self, action_id: str) -> bool:
         self._durs.pop(action_id, None)
+        self._mgrs.pop(action_id, None)
         return self._queue.pop(action_id, None) is not None
 
     def finish(self, action_id: str, now: float) -> None:
@@ -134,7 +138,7 @@ class ElasticScheduler:
         selected: list[_Candidate] = []
         groups: dict[tuple[str, str], list[_Candidate]] = {}
         for c in cands:
-            km = self._key_manager(c.action)
+            km = self._mgrs[c.action.action_id][0]
             groups.setdefault((km.name, c.domains[km.name]), []).append(c)
         for (mname, domain), members in groups.items():
             selected += self._elastic(mname, domain, members, ledgers[mname], cands, now)
@@ -145,13 +149,14 @@ class ElasticScheduler:
         out: list[_Candidate] = []
         blocked: set[tuple[str, str | None]] = set()
         for order, a in enumerate(self._queue.values()):
-            km = self._key_manager(a)
+            mgrs = self._mgrs[a.action_id]
+            km = mgrs[0]
             lane = (km.name, km.pinned_domain(a))
             if lane in blocked:
                 continue
             units = self._initial_units(a, km)
             taken: list[tuple[ResourceManager, str, int]] = []
-            for m in self._managers_of(a):
+            for m in mgrs:
                 u = units if m is km else m.options(a)[0]
                 d = ledgers[m.name].take(a, u)
                 if d is None:
@@ -207,7 +212,7 @@ class ElasticScheduler:
             a
             for a in self._queue.values()
             if a.action_id not in taken
-            and self._key_manager(a) is km
+            and self._mgrs[a.action_id][0] is km
             and km.pinned_domain(a) in (None, domain)
         ][: self.config.lookahead]
 
@@ -232,7 +237,10 @@ class ElasticScheduler:
 
         obj, best = objective(len(scal))
         k = len(scal)
-        for t in range(1, len(scal)):  # Line 8-11: evict the last while the objective falls
+        # Line 8-11: evict the last while the objective falls. NOTE: unlike the pseudocode's
+        # t = 1..|C_j|, at least one candidate stays: evicting all could leave the domain idle
+        # with nothing running, and then no completion would ever trigger the next pass.
+        for t in range(1, len(scal)):
             new_obj, arr = objective(len(scal) - t)
             if new_obj >= obj:
                 break
@@ -261,10 +269,11 @@ class ElasticScheduler:
         # Largest first within a domain: exact for power-of-two chunks (see GPU manager).
         for c in sorted(selected, key=lambda c: (-c.units, c.order)):
             a = c.action
-            km = self._key_manager(a)
+            mgrs = self._mgrs.pop(a.action_id)
+            km = mgrs[0]
             grants = tuple(
                 m.allocate(a, c.units if m is km else m.options(a)[0], c.domains[m.name], now)
-                for m in self._managers_of(a)
+                for m in mgrs
             )
             overhead = max((g.overhead_s for g in grants), default=0.0)
             expected = self._durs.pop(a.action_id)[c.units]
