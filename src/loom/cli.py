@@ -33,7 +33,7 @@ def main(
 def reproduce(
     system: Annotated[str, typer.Argument(help=f"one of: {', '.join(SYSTEMS.names())}")],
     quick: Annotated[
-        bool, typer.Option("--quick", help="8 GPUs instead of 64: minutes, not hours")
+        bool, typer.Option("--quick", help="smaller scale, same comparisons: minutes on 2 cores")
     ] = False,
     seed: Annotated[int, typer.Option("--seed", help="seed of every random draw")] = 1,
     out: Annotated[Path, typer.Option("--out", help="directory for CSV and PNG files")] = Path(
