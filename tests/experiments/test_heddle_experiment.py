@@ -46,6 +46,15 @@ def test_fig12_records_follow_the_contract(scenario):
         assert r["model"] == "qwen3-8b" and r["throughput_tok_s"] > 0
 
 
+def test_fig15_compares_placements_on_one_layout_of_several_workers(scenario):
+    cells = lambda kind, model: scenario  # noqa: E731
+    recs = [r for _, run in list(heddle.fig15_tasks(cells))[:3] for r in run()]
+    assert {r["policy"] for r in recs} == {"heddle", "least_load", "cache_aware"}
+    (layout,) = {r["layout"] for r in recs}
+    degrees = [int(d) for d in layout.split("x")]
+    assert len(degrees) >= 2 and sum(degrees) == scenario.scale.gpus
+
+
 def test_unknown_system_is_a_clear_error():
     result = CliRunner().invoke(app, ["reproduce", "rollmuxx", "--quick"])
     assert result.exit_code != 0

@@ -5,10 +5,14 @@ from dataclasses import dataclass
 from hypothesis import given
 from hypothesis import strategies as st
 
+from loom.core.trajectory import TrajectorySpec, TurnSpec, WorkloadKind
+from loom.rollout.baselines import CacheAwareRouter
 from loom.rollout.heddle.placement import WorkerCost
 from loom.rollout.heddle.router import HeddleRouter
 from loom.rollout.heddle.scheduler import ProgressivePriorityScheduler
 from loom.rollout.heddle.transmission import MigrationRequest, select_batch
+from loom.rollout.policy import WorkerLayout
+from loom.sim.rollout import RolloutConfig, RolloutSimulator
 
 
 @dataclass
@@ -42,6 +46,69 @@ def test_pps_runs_longest_prediction_first_and_preempts_shorter():
     assert s.outranks(s.key(long, 0), s.key(short, 0))
     assert not s.outranks(s.key(short, 0), s.key(long, 0))
     assert not ProgressivePriorityScheduler(margin=1.0).outranks(-150.0, -100.0)
+
+
+def test_pps_ranks_trajectories_without_a_runtime_prediction_first():
+    s = ProgressivePriorityScheduler()
+    planned = T(0, 30_000.0, steps_done=2)  # refined after two steps
+    unplanned, unplanned_longer = T(1, 500.0), T(2, 900.0)  # prompt estimates only
+    assert s.key(unplanned, 0) < s.key(planned, 0)
+    assert s.key(unplanned_longer, 0) < s.key(unplanned, 0)
+    assert s.outranks(s.key(unplanned, 0), s.key(planned, 0))
+    literal = ProgressivePriorityScheduler(plan_first=False)  # Algorithm 1 on prompt estimates
+    assert literal.key(planned, 0) < literal.key(unplanned, 0)
+
+
+def _flat_latency(tp):
+    class Flat:
+        tp, num_gpus, kv_capacity_tokens = 1, 1, 1_000_000
+
+        def iteration_time(self, b, c, p=0, pc=0):
+            return 1e-3
+
+    return Flat()
+
+
+def test_plan_first_starts_a_long_trajectory_its_prompt_estimate_missed():
+    # Two slots. Two trajectories known to be long from their prompts return from each tool
+    # call predicted long; a third is as long, but its prompt estimate is the lowest. Ranked by
+    # that estimate it waits for the known ones to finish; plan-first runs its first step
+    # before their later ones, and its refined prediction then competes on equal terms.
+    def traj(i, outs):
+        turns = tuple(
+            TurnSpec(
+                input_tokens=100,
+                output_tokens=o,
+                tool_latency_s=0.01 if j < len(outs) - 1 else None,
+            )
+            for j, o in enumerate(outs)
+        )
+        return TrajectorySpec(
+            traj_id=i, prompt_id=i, sample_idx=0, workload=WorkloadKind.MATH, turns=turns
+        )
+
+    trajs = [traj(0, [1000] * 5), traj(1, [1000] * 5), traj(2, [200]), traj(3, [200])]
+    trajs.append(traj(4, [1000] * 4))
+    preds = [(5000.0,) * 5, (5000.0,) * 5, (300.0,), (300.0,), (100.0, 4000.0, 4000.0, 4000.0)]
+    cfg = RolloutConfig(model="qwen3-8b", max_running=2, decode_reserve=0)
+
+    def run(plan_first):
+        sched = ProgressivePriorityScheduler(plan_first=plan_first)
+        sim = RolloutSimulator(
+            trajs,
+            WorkerLayout(degrees=(1,)),
+            sched,
+            CacheAwareRouter(),
+            cfg,
+            predictions=preds,
+            latency=_flat_latency,
+        )
+        return sim.run()
+
+    first, literal = run(True), run(False)
+    assert first.queue_delay_s[4] < literal.queue_delay_s[4]
+    assert first.finish_s[4] < literal.finish_s[4]
+    assert first.makespan_s < literal.makespan_s
 
 
 def _router(lengths, degrees):

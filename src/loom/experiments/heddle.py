@@ -22,7 +22,7 @@ from loom.rollout.baselines import CacheAwareRouter, HybridRouter, LeastLoadRout
 from loom.rollout.heddle.placement import presorted_dp_hetero
 from loom.rollout.heddle.planner import AnnealingPlanner, FixedPlanner, SimulatedDegreeCost
 from loom.rollout.heddle.predictor import ProgressivePredictor, evaluate_predictors
-from loom.rollout.heddle.resource_manager import anneal_allocation
+from loom.rollout.heddle.resource_manager import DEFAULT_DEGREES, anneal_allocation
 from loom.rollout.heddle.router import HeddleRouter
 from loom.rollout.policy import SCHEDULERS, PlacementKind, Router, SchedulerKind, WorkerLayout
 from loom.sim.rollout.simulator import RolloutConfig, RolloutResult, RolloutSimulator
@@ -63,6 +63,10 @@ class SystemSpec:
     placement: PlacementKind
     degree: int | None = None  # homogeneous degree; None: trajectory-adaptive (§6)
     skew_threshold: float = 32.0
+    multi_worker: bool = field(
+        default=False,
+        metadata={"help": "Heddle's planner may not put every GPU into one worker"},
+    )
 
 
 def baseline_systems(model: str) -> dict[str, SystemSpec]:
@@ -91,7 +95,7 @@ class Scenario:
     predictions: list[tuple[float, ...]] = field(init=False)
     cost: SimulatedDegreeCost = field(init=False)
     config: RolloutConfig = field(init=False)
-    _layout: WorkerLayout | None = field(default=None, init=False)
+    _layouts: dict[bool, WorkerLayout] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         wl = AgenticWorkload(
@@ -113,15 +117,19 @@ class Scenario:
     def initial_lengths(self) -> list[float]:
         return [p[0] for p in self.predictions]
 
-    def heddle_layout(self) -> WorkerLayout:
-        if self._layout is None:
-            planner = AnnealingPlanner(cost=self.cost, seed=self.seed)
-            self._layout = planner.plan(self.initial_lengths, self.scale.gpus)
-        return self._layout
+    def heddle_layout(self, multi_worker: bool = False) -> WorkerLayout:
+        """Heddle's annealed layout; `multi_worker` excludes a degree that takes every GPU."""
+        if multi_worker not in self._layouts:
+            degrees: tuple[int, ...] = DEFAULT_DEGREES
+            if multi_worker:
+                degrees = tuple(d for d in DEFAULT_DEGREES if d < self.scale.gpus)
+            planner = AnnealingPlanner(cost=self.cost, degrees=degrees, seed=self.seed)
+            self._layouts[multi_worker] = planner.plan(self.initial_lengths, self.scale.gpus)
+        return self._layouts[multi_worker]
 
     def layout(self, spec: SystemSpec) -> WorkerLayout:
         if spec.degree is None:
-            return self.heddle_layout()
+            return self.heddle_layout(spec.multi_worker)
         return FixedPlanner(degree=spec.degree).plan(self.initial_lengths, self.scale.gpus)
 
     def router(self, spec: SystemSpec) -> Router:
@@ -252,12 +260,19 @@ def fig14_tasks(cells: Callable[[WorkloadKind, str], Scenario]) -> Iterator[Task
 
 
 def fig15_tasks(cells: Callable[[WorkloadKind, str], Scenario]) -> Iterator[Task]:
+    """Placements compared on one layout: Heddle's, but with at least two workers. NOTE: at
+    8 GPUs (`--quick`) Heddle's planner picks a single TP8 worker, on which every placement is
+    the same; the multi-worker constraint binds only there (at 64 GPUs no degree takes all)."""
     pps = SchedulerKind.PPS
     variants = {
-        "heddle": HEDDLE,
+        "heddle": SystemSpec(scheduler=pps, placement=PlacementKind.HEDDLE, multi_worker=True),
         # §7.3: least-load beyond a load-imbalance threshold, else longest cached prefix.
-        "least_load": SystemSpec(scheduler=pps, placement=PlacementKind.HYBRID, skew_threshold=2.0),
-        "cache_aware": SystemSpec(scheduler=pps, placement=PlacementKind.CACHE_AWARE),
+        "least_load": SystemSpec(
+            scheduler=pps, placement=PlacementKind.HYBRID, skew_threshold=2.0, multi_worker=True
+        ),
+        "cache_aware": SystemSpec(
+            scheduler=pps, placement=PlacementKind.CACHE_AWARE, multi_worker=True
+        ),
     }
     return _ablation_tasks("fig15", cells, variants, lambda r: {})
 

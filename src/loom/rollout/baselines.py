@@ -27,9 +27,11 @@ __all__ = [
 
 
 class NonPreemptive:
-    """Shared by the step-centric baselines: they never preempt."""
+    """Shared by the step-centric baselines: they never preempt, and their engines' prefix
+    caches evict least recently used first."""
 
     preemptive = False
+    priority_eviction = False
 
     def outranks(self, waiting: float, running: float) -> bool:
         return False

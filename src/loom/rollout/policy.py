@@ -64,9 +64,15 @@ class WorkerView(Protocol):
 
 class TurnScheduler(Protocol):
     """Orders a worker's waiting turns: a lower key runs first. A preemptive scheduler lets a
-    waiting turn evict the running turn with the highest key when the worker is full."""
+    waiting turn evict the running turn with the highest key when the worker is full.
+
+    `priority_eviction`: the worker's prefix cache follows the same order: idle KV caches go
+    lowest priority first, and never to make room for a turn that their trajectory outranks
+    (a trajectory-centric scheduler persists the KV of the trajectories it favours). False:
+    least recently used first, as the radix cache under step-centric serving."""
 
     preemptive: bool
+    priority_eviction: bool
 
     def key(self, t: TrajectoryView, now: float) -> float: ...
 

@@ -20,6 +20,7 @@ from loom.core.errors import ConfigError
 from loom.rollout.heddle.placement import Lengths, Placement, PresortedPlacer, WorkerCost
 
 __all__ = [
+    "DEFAULT_DEGREES",
     "Allocation",
     "WorkerCostModel",
     "anneal_allocation",

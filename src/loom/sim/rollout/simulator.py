@@ -212,7 +212,7 @@ class RolloutSimulator:
         t.status = TrajectoryStatus.IN_TOOL
         t.host = w.idx
         t.tool_returned = False
-        w.put_idle(t.traj_id, t.context)
+        w.put_idle(t, t.context)
         assert turn.tool_latency_s is not None
         self.eng.after(turn.tool_latency_s, self._tool_return, t, priority=0)
         target = self.router.migrate(t, self.views, self.eng.now)
@@ -224,7 +224,13 @@ class RolloutSimulator:
         if t.migrating_to >= 0:
             self._stall_since[t.traj_id] = self.eng.now  # wait for the KV to land
             return
-        self.workers[self._route(t)].enqueue(t)
+        self._enqueue(t)
+
+    def _enqueue(self, t: TrajState) -> None:
+        w, host = self._route(t), t.host
+        self.workers[w].enqueue(t)
+        if 0 <= host != w:
+            self.workers[host].moved_away(t)
 
     # ---- migration ---------------------------------------------------------------------
     def _request_migration(self, t: TrajState, src: int, dst: int) -> None:
@@ -257,13 +263,14 @@ class RolloutSimulator:
         t = self.trajs[r.traj_id]
         src, dst = self.workers[r.src], self.workers[r.dst]
         moved = min(tokens, src.drop_idle(r.traj_id))
-        if moved > 0 and dst.put_idle(r.traj_id, moved):
+        if moved > 0 and dst.put_idle(t, moved):
             self.migrations += 1
         t.migrating_to = -1
         t.host = r.dst
         if t.tool_returned:
             self.migration_stall_s += self.eng.now - self._stall_since.pop(r.traj_id)
-            self.workers[self._route(t)].enqueue(t)
+            self._enqueue(t)
+        src.poke()  # the KV it sent freed room there
         self._start_migrations()
 
     # ---- result ------------------------------------------------------------------------

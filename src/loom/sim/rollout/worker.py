@@ -5,9 +5,10 @@ Each iteration decodes one token for every decoding sequence and prefills up to
 iterations are identical but for slowly growing context, so the worker plans a *segment* of
 k iterations at once (until the next prefill or turn finishes, or KV space runs out) and
 schedules a single event at its end; an arrival mid-segment completes the iteration in flight
-and re-plans. KV-cache capacity covers running sequences plus an LRU prefix cache of idle
+and re-plans. KV-cache capacity covers running sequences plus a prefix cache of idle
 trajectories (in tool calls or preempted); running out evicts idle prefixes first, then
-preempts the running turn with the highest scheduler key.
+preempts the running turn with the highest scheduler key. The prefix cache evicts least
+recently used first or, under a scheduler with `priority_eviction`, in the scheduler's order.
 """
 
 from __future__ import annotations
@@ -73,8 +74,10 @@ class Worker:
         self._on_turn_done = on_turn_done
         self.running: list[Seq] = []
         self.waiting: SortedList = SortedList()  # (key, seq_no, traj)
+        self._queued: set[int] = set()  # traj_ids in `waiting`
         self._wseq = 0
         self.idle: OrderedDict[int, int] = OrderedDict()  # traj_id -> cached tokens (LRU)
+        self._owner: dict[int, TrajState] = {}  # traj_id -> trajectory of an idle prefix
         self.used = 0  # tokens held by running sequences
         self.idle_used = 0
         self.reserved = 0  # KV growth promised to the segment in flight
@@ -94,32 +97,80 @@ class Worker:
         return self.idle.get(traj_id, 0)
 
     # ---- prefix cache ------------------------------------------------------------------
-    def put_idle(self, traj_id: int, tokens: int) -> bool:
+    def put_idle(self, traj: TrajState, tokens: int) -> bool:
         """Keep `tokens` of a trajectory's KV cached here; False if it cannot fit."""
-        old = self.idle.pop(traj_id, 0)
-        self.idle_used -= old
-        if tokens <= 0 or not self._make_room(tokens, keep=traj_id):
+        self.drop_idle(traj.traj_id)
+        if tokens <= 0 or not self._make_room(tokens, keep=traj.traj_id, rank=self._key(traj)):
             return False
-        self.idle[traj_id] = tokens
+        self.idle[traj.traj_id] = tokens
+        self._owner[traj.traj_id] = traj
         self.idle_used += tokens
         return True
 
     def drop_idle(self, traj_id: int) -> int:
         tokens = self.idle.pop(traj_id, 0)
+        self._owner.pop(traj_id, None)
         self.idle_used -= tokens
         return tokens
 
     def _free(self) -> int:
         return self.capacity - self.used - self.idle_used - self.reserved
 
-    def _make_room(self, tokens: int, keep: int = -1) -> bool:
-        """Evict least-recently-used idle prefixes (never `keep`) until `tokens` fit."""
+    def _make_room(self, tokens: int, keep: int = -1, rank: float = -math.inf) -> bool:
+        """Evict idle prefixes (never `keep`) until `tokens` fit, for a turn of key `rank`."""
         while self._free() < tokens:
-            victim = next((t for t in self.idle if t != keep), None)
+            victim = self._eviction_victim(keep, rank)
             if victim is None:
                 return False
-            self.idle_used -= self.idle.pop(victim)
+            self.drop_idle(victim)
         return True
+
+    def _can_fit(self, tokens: int, keep: int, rank: float) -> bool:
+        """Whether `_make_room(tokens, keep, rank)` would succeed; evicts nothing."""
+        free = self._free()
+        if free >= tokens:
+            return True
+        if free + self.idle_used - self.idle.get(keep, 0) < tokens:
+            return False
+        if not self.sched.priority_eviction:
+            return True
+        evictable = sum(n for t, n in self.idle.items() if t != keep and self._evictable(t, rank))
+        return free + evictable >= tokens
+
+    def _evictable(self, traj_id: int, rank: float) -> bool:
+        """Under `priority_eviction`: a prefix that its trajectory will read again here is
+        spared for a turn that the trajectory outranks (key below `rank`)."""
+        owner = self._owner[traj_id]
+        return not (self._returns_here(owner) and self._key(owner) < rank)
+
+    def _eviction_victim(self, keep: int, rank: float) -> int | None:
+        """The idle prefix to evict next, or None: least recently used first; under
+        `priority_eviction`, stale prefixes (whose trajectory will not read them here) first,
+        then the lowest-priority ones, never one that `_evictable` spares. NOTE: this is
+        Algorithm 1's "persist KV cache": a long-tail trajectory keeps its KV through a tool
+        call or a preemption instead of losing it to turns that rank below it and prefilling
+        its whole context again when it returns."""
+        if not self.sched.priority_eviction:
+            return next((t for t in self.idle if t != keep), None)
+        victim, best = None, None
+        for t in self.idle:  # least recently used first: ties keep that order
+            if t == keep or not self._evictable(t, rank):
+                continue
+            order = (self._returns_here(self._owner[t]), -self._key(self._owner[t]))
+            if best is None or order < best:
+                victim, best = t, order
+        return victim
+
+    def _returns_here(self, owner: TrajState) -> bool:
+        """Whether an idle prefix may be read again here: its trajectory waits in this queue,
+        or is in a tool call with its latest KV here (a migration reads it until it lands).
+        NOTE: the driver pokes this worker when such a trajectory goes elsewhere instead."""
+        if owner.status == TrajectoryStatus.IN_TOOL:
+            return owner.host == self.idx
+        return owner.traj_id in self._queued
+
+    def _key(self, traj: TrajState) -> float:
+        return self.sched.key(traj, self.eng.now)
 
     # ---- driver entry points -----------------------------------------------------------
     def enqueue(self, traj: TrajState, poke: bool = True) -> None:
@@ -128,6 +179,12 @@ class Worker:
         traj.turn_arrival_s = self.eng.now
         self._push_waiting(traj)
         if poke:
+            self.poke()
+
+    def moved_away(self, traj: TrajState) -> None:
+        """`traj`, whose KV is cached here, went to another worker: under priority eviction
+        that prefix no longer blocks admission here, so re-plan."""
+        if self.sched.priority_eviction and traj.traj_id in self.idle:
             self.poke()
 
     def poke(self) -> None:
@@ -142,6 +199,7 @@ class Worker:
     def _push_waiting(self, traj: TrajState) -> None:
         self._wseq += 1
         self.waiting.add((self.sched.key(traj, self.eng.now), self._wseq, traj))
+        self._queued.add(traj.traj_id)
 
     def _settle(self) -> float | None:
         """Apply the progress of the current segment up to the next iteration boundary and
@@ -211,12 +269,19 @@ class Worker:
             cached = self.idle.get(traj.traj_id, 0)
             need = traj.full_context() - cached
             # Room for the prompt plus decode headroom for everyone (SGLang-style reservation).
+            # NOTE: as in SGLang, cached prefixes that could be evicted count as room, and only
+            # the prompt's share is evicted now; the headroom is evicted as decoding fills it.
+            # Evicting it up front drops the KV of trajectories in short tool calls, which then
+            # prefill their whole context again on return.
             reserve = self.decode_reserve * (len(self.running) + 1)
-            if not self._make_room(need + reserve, keep=traj.traj_id):
+            if not self._can_fit(need + reserve, keep=traj.traj_id, rank=key):
                 if not self._preempt_for(key):
                     return
                 continue
+            fitted = self._make_room(need, keep=traj.traj_id, rank=key)
+            assert fitted, f"worker {self.idx}: room checked for trajectory {traj.traj_id}"
             self.waiting.pop(0)
+            self._queued.discard(traj.traj_id)
             self.drop_idle(traj.traj_id)
             self.used += cached
             self.cached_hit_tokens += cached
@@ -240,7 +305,7 @@ class Worker:
         self.preemptions += 1
         tokens = victim.traj.full_context() - victim.prefill_left
         self.used -= tokens
-        self.put_idle(victim.traj.traj_id, tokens)  # persist its KV as a cached prefix
+        self.put_idle(victim.traj, tokens)  # persist its KV as a cached prefix
         victim.traj.turn_arrival_s = self.eng.now
         victim.traj.status = TrajectoryStatus.QUEUED
         self._push_waiting(victim.traj)
@@ -278,7 +343,9 @@ class Worker:
             k = min(k, math.ceil(pre.prefill_left / self.chunk))
         growth = n_dec + chunk
         if growth * k > self._free():
-            self._make_room(growth * int(k))
+            # NOTE: a lone turn may evict any prefix: preempting it would free nothing.
+            worst = max(s.key for s in self.running) if len(self.running) > 1 else -math.inf
+            self._make_room(growth * int(k), rank=worst)
             k = min(k, self._free() // max(growth, 1))
         k = int(k)
         if k <= 0:
