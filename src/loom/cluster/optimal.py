@@ -16,8 +16,7 @@ the paper does not describe).
 from __future__ import annotations
 
 import itertools
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
@@ -63,22 +62,23 @@ class OptimalScheduler:
     def __init__(
         self,
         config: PolicyConfig,
-        budget_s: float = float("inf"),
         *,
         regroup_on_departure: bool = False,
+        give_up: Callable[[], bool] | None = None,
     ) -> None:
+        """`give_up`: polled while searching; True aborts with OptTimeout. The driver owns
+        it (e.g. a wall-clock budget), so the policy itself never reads the clock."""
         self.config = config
-        self.budget_s = budget_s
         self.regroup_on_departure = regroup_on_departure
+        self._give_up = give_up
         self._best: dict[frozenset[str], tuple[float, GroupLayout] | None] = {}
-        self._deadline = float("inf")
 
     def best_group(self, jobs: tuple[MuxJob, ...]) -> tuple[float, GroupLayout] | None:
         """Cheapest feasible layout of exactly these jobs as one group (memoized)."""
         key = frozenset(j.job_id for j in jobs)
         if key in self._best:
             return self._best[key]
-        if time.perf_counter() > self._deadline:
+        if self._give_up is not None and self._give_up():
             raise OptTimeout
         bed, host = self.config.bed, self.config.bed.host_memory_gb
         train = max(j.train_nodes for j in jobs)
@@ -132,7 +132,6 @@ class OptimalScheduler:
         """Minimum-cost partition of `jobs` into feasible groups."""
         if not jobs:
             return ()
-        self._deadline = time.perf_counter() + self.budget_s
         groups = self.candidate_groups(jobs)
         index = {j.job_id: i for i, j in enumerate(jobs)}
         a = np.zeros((len(jobs), len(groups)))

@@ -17,7 +17,7 @@ import numpy as np
 
 from loom.core.topology import GpuType
 from loom.core.trajectory import TrajectorySpec, WorkloadKind
-from loom.experiments.report import Record, bar_plot
+from loom.experiments.report import Record, bar_plot, by_experiment
 from loom.rollout.baselines import CacheAwareRouter, HybridRouter, LeastLoadRouter
 from loom.rollout.heddle.placement import presorted_dp_hetero
 from loom.rollout.heddle.planner import AnnealingPlanner, FixedPlanner, SimulatedDegreeCost
@@ -362,9 +362,7 @@ def run_experiments(
 
 def plot(records: list[Record], out: Path) -> list[Path]:
     """Fig. 12–16 as PNG bar charts under `out`."""
-    by: dict[str, list[Record]] = {}
-    for r in records:
-        by.setdefault(r["experiment"], []).append(r)
+    by = by_experiment(records)
     paths = []
     if "fig12" in by:
         paths.append(

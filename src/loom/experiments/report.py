@@ -19,7 +19,15 @@ import matplotlib.pyplot as plt
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["Record", "bar_plot", "by_experiment", "print_tables", "write_csvs", "write_json"]
+__all__ = [
+    "Record",
+    "bar_plot",
+    "by_experiment",
+    "line_plot",
+    "print_tables",
+    "write_csvs",
+    "write_json",
+]
 
 Record = dict[str, Any]
 
@@ -103,6 +111,28 @@ def bar_plot(
         ax.set_title(fv)
         ax.set_ylabel(metric)
     axes[0][0].legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def line_plot(
+    rows: list[Record], *, x: str, metric: str, hue: str, facet: str, path: Path, title: str
+) -> Path:
+    facets = list(dict.fromkeys(str(r[facet]) for r in rows))
+    fig, axes = plt.subplots(1, len(facets), figsize=(4.2 * len(facets), 3.4), squeeze=False)
+    for ax, fv in zip(axes[0], facets, strict=True):
+        sub = [r for r in rows if str(r[facet]) == fv]
+        for h in dict.fromkeys(str(r[hue]) for r in sub):
+            pts = sorted((float(r[x]), float(r[metric])) for r in sub if str(r[hue]) == h)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=h)
+        ax.set_title(fv)
+        ax.set_xlabel(x)
+        ax.set_ylabel(metric)
+        ax.legend(fontsize=7)  # NOTE: each workload has its own baseline
     fig.suptitle(title)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 from loom.cluster import CLUSTER_POLICIES, PolicyConfig
@@ -20,7 +21,7 @@ from loom.cluster.params import noise_model, testbed
 from loom.cluster.rollmux.inter import RollMuxScheduler
 from loom.cluster.sync import sync_times
 from loom.core.jobs import PhaseKind
-from loom.experiments.report import Record, bar_plot
+from loom.experiments.report import Record, bar_plot, by_experiment
 from loom.sim.cluster import ClusterResult, ClusterSimulator
 from loom.sim.workloads.rl_jobs import (
     KINDS,
@@ -242,8 +243,9 @@ def table5(seed: int, quick: bool) -> list[Record]:
             }
         )
         if n <= 13:
-            opt = OptimalScheduler(cfg, budget_s=10.0 if quick else 60.0)
             t0 = time.perf_counter()
+            deadline = t0 + (10.0 if quick else 60.0)
+            opt = OptimalScheduler(cfg, give_up=partial(_past, deadline))
             try:
                 opt.solve(jobs[: n + 1])
                 ms = (time.perf_counter() - t0) * 1e3
@@ -280,10 +282,12 @@ def run_experiments(
     return len(tasks), iter(tasks)
 
 
+def _past(deadline: float) -> bool:
+    return time.perf_counter() > deadline
+
+
 def plot(records: list[Record], out: Path) -> list[Path]:
-    by: dict[str, list[Record]] = {}
-    for r in records:
-        by.setdefault(str(r["experiment"]), []).append(r)
+    by = by_experiment(records)
     paths = []
     for exp, x in (("fig14a", "workload"), ("fig14b", "slo"), ("fig14c", "max_group_size")):
         for metric in ("cost_vs_opt", "slo_attainment"):

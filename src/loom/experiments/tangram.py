@@ -14,11 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import matplotlib.pyplot as plt
-
 from loom.actions.policy import ActionPolicyKind
 from loom.core.actions import ActionKind
-from loom.experiments.report import Record, bar_plot
+from loom.experiments.report import Record, bar_plot, by_experiment, line_plot
 from loom.experiments.tangram_cases import REWARD_TRACE, Case, run_case
 from loom.sim.actions import SimResult, Stage
 from loom.sim.workloads.actions import CPU_NODE_CORES, ActionWorkloadKind
@@ -393,32 +391,8 @@ def _gpu_summary(records: list[Record], row: Callable[..., None]) -> None:
 
 
 # ---- plots ---------------------------------------------------------------------------------
-def line_plot(
-    rows: list[Record], *, x: str, metric: str, hue: str, facet: str, path: Path, title: str
-) -> Path:
-    facets = list(dict.fromkeys(str(r[facet]) for r in rows))
-    fig, axes = plt.subplots(1, len(facets), figsize=(4.2 * len(facets), 3.4), squeeze=False)
-    for ax, fv in zip(axes[0], facets, strict=True):
-        sub = [r for r in rows if str(r[facet]) == fv]
-        for h in dict.fromkeys(str(r[hue]) for r in sub):
-            pts = sorted((float(r[x]), float(r[metric])) for r in sub if str(r[hue]) == h)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=h)
-        ax.set_title(fv)
-        ax.set_xlabel(x)
-        ax.set_ylabel(metric)
-        ax.legend(fontsize=7)  # NOTE: each workload has its own baseline
-    fig.suptitle(title)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
 def plot(records: list[Record], out: Path) -> list[Path]:
-    by: dict[str, list[Record]] = {}
-    for r in records:
-        by.setdefault(r["experiment"], []).append(r)
+    by = by_experiment(records)
     paths = []
     if "fig6" in by:
         paths.append(
