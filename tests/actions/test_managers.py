@@ -38,9 +38,7 @@ def test_cpu_core_sets_are_exclusive_and_numa_local() -> None:
 
 
 def test_trajectory_pins_to_the_node_with_most_free_memory() -> None:
-    mgr = CpuManager(
-        [CpuNode.uniform("a", 8, 1, 100.0), CpuNode.uniform("b", 8, 1, 100.0)]
-    )
+    mgr = CpuManager([CpuNode.uniform("a", 8, 1, 100.0), CpuNode.uniform("b", 8, 1, 100.0)])
     first = cpu_action(1, traj="x", mem=30)
     node = mgr.ledger().take(first, 1)
     g = mgr.allocate(first, 1, node, 0.0)
