@@ -165,3 +165,100 @@ def test_transmission_batches_are_endpoint_exclusive_and_longest_first(pending, 
     if free:
         top = min(free, key=lambda r: (-r.predicted_length, r.traj_id))
         assert top in chosen
+
+
+@given(
+    st.lists(st.integers(1, 1000), min_size=3, max_size=24),
+    st.sampled_from([(1, 1), (2, 1, 1), (4, 2, 1, 1)]),
+    st.lists(st.tuples(st.booleans(), st.integers(0, 10**6), st.integers(1, 2000)), max_size=40),
+)
+def test_stale_names_every_trajectory_the_shrinking_partition_moves(lengths, degrees, ops):
+    """After every finish or prediction update, moving each trajectory `stale` names leaves
+    every active trajectory at home in the slice its current rank maps to (brute force)."""
+    r, trajs, workers = _router(lengths, degrees)
+    active = list(trajs)
+    for finish, pick, new_len in ops:
+        if len(active) < 2:
+            break
+        t = active[pick % len(active)]
+        if finish:
+            active.remove(t)
+            r.finish(t)
+        else:
+            t.predicted_total = float(new_len)
+            r.migrate(t, workers, 0.0)
+        for traj_id in r.stale():
+            r.migrate(trajs[traj_id], workers, 0.0)
+        for a in active:
+            assert r.route(a, workers, 0.0) == r._target(a.traj_id), (a.traj_id, ops)
+
+
+def test_stale_is_empty_without_migration():
+    r, trajs, _ = _router([100, 5, 90, 4, 3, 2], (1, 1))
+    r.migrate_enabled = False
+    for t in trajs[:3]:
+        r.finish(t)
+    assert r.stale() == []
+
+
+def _traj(i, outs):
+    turns = tuple(
+        TurnSpec(
+            input_tokens=100,
+            output_tokens=o,
+            tool_latency_s=0.001 if j < len(outs) - 1 else None,
+        )
+        for j, o in enumerate(outs)
+    )
+    return TrajectorySpec(
+        traj_id=i, prompt_id=i, sample_idx=0, workload=WorkloadKind.MATH, turns=turns
+    )
+
+
+class _NoRebalance(HeddleRouter):
+    def stale(self):
+        return []
+
+
+def _two_long_one_slot(router_cls, outs_b):
+    """Worker 0 gets the two long trajectories (one slot: B waits behind A); worker 1 gets
+    short ones that finish at once. As the active set shrinks, B's rank maps to worker 1."""
+    outs_a = [3000] if len(outs_b) == 1 else [10, 3000]
+    trajs = [_traj(0, outs_a), _traj(1, outs_b)] + [_traj(i, [10]) for i in range(2, 5)]
+    preds = [(float(sum(outs_a)),) * len(outs_a), (float(sum(outs_b)),) * len(outs_b)]
+    preds += [(10.0,)] * 3
+    cost = lambda d: WorkerCost(token_time=1.0 / d, interference=lambda k: 1.0 + 0.5 * (k - 1))  # noqa: E731
+    router = router_cls(cost)
+    sim = RolloutSimulator(
+        trajs,
+        WorkerLayout(degrees=(1, 1)),
+        ProgressivePriorityScheduler(),
+        router,
+        RolloutConfig(model="qwen3-8b", max_running=1, decode_reserve=0),
+        predictions=preds,
+        latency=_flat_latency,
+    )
+    res = sim.run()
+    assert [len(g) for g in router.placement.groups] == [2, 3]
+    return res, sim
+
+
+def test_a_queued_trajectory_moves_when_the_shrinking_partition_maps_it_elsewhere():
+    res, sim = _two_long_one_slot(HeddleRouter, [2900])
+    stuck, _ = _two_long_one_slot(_NoRebalance, [2900])
+    assert stuck.finish_s[1] > stuck.finish_s[0]  # waited for A's whole turn
+    assert res.finish_s[1] < res.finish_s[0]  # ran beside A on the idle worker
+    assert res.makespan_s < stuck.makespan_s
+    assert sim.trajs[1].host == 1
+    # Its wait on worker 0 still counts as queueing delay.
+    assert res.queue_delay_s[1] > 0
+
+
+def test_a_waiting_trajectory_takes_its_kv_cache_when_rebalanced():
+    res, sim = _two_long_one_slot(HeddleRouter, [10, 2900])
+    stuck, _ = _two_long_one_slot(_NoRebalance, [10, 2900])
+    assert res.finish_s[1] < res.finish_s[0] < stuck.finish_s[1]
+    assert res.migrations >= 1 and sim.trajs[1].host == 1
+    # The KV moved with it: nothing was prefilled twice.
+    assert res.prefill_tokens == stuck.prefill_tokens
+    assert res.cache_hit_tokens == stuck.cache_hit_tokens

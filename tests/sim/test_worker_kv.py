@@ -154,3 +154,22 @@ def test_tight_kv_never_deadlocks_or_overflows(seed, layout, router, sched, max_
     res = sim.run()  # asserts that every trajectory finished
     assert res.output_tokens == sum(t.output_tokens for t in trajs)
     assert all(w.peak_used <= w.capacity and not w.running for w in sim.workers)
+
+
+@pytest.mark.parametrize("capacity", [5200, 12_000])
+def test_pps_preempts_only_when_the_victims_kv_can_be_persisted(capacity):
+    # One slot. V (predicted short) is decoding with 3000 tokens resident when H, predicted
+    # longer, returns from its plan step needing 3000 more. With room for both H and V's
+    # persisted KV, H preempts V and V later resumes from its cache; without it, preempting
+    # would only trade V's context for a full recomputation, so H waits for V's turn.
+    v = _traj(0, (2900, 2000, None))
+    h = _traj(1, (100, 10, 0.001), (2900, 100, None))
+    preds = [(2000.0,), (5000.0, 5000.0)]
+    sched = ProgressivePriorityScheduler(plan_first=False)
+    sim, res = _run([v, h], sched, preds, capacity, max_running=1, decode_reserve=0)
+    assert res.prefill_tokens == 100 + 2900 + 2900  # no recomputation either way
+    if capacity == 5200:
+        assert res.preemptions == 0 and res.finish_s[0] < res.finish_s[1]
+    else:
+        assert res.preemptions == 1 and res.finish_s[1] < res.finish_s[0]
+    assert sim.workers[0].peak_used <= capacity

@@ -94,6 +94,9 @@ class CacheAwareRouter:
     def finish(self, t: TrajectoryView) -> None:
         return None
 
+    def stale(self) -> Sequence[int]:
+        return ()
+
 
 @ROUTERS.register(PlacementKind.LEAST_LOAD)
 @dataclass
@@ -112,6 +115,9 @@ class LeastLoadRouter:
 
     def finish(self, t: TrajectoryView) -> None:
         return None
+
+    def stale(self) -> Sequence[int]:
+        return ()
 
 
 @ROUTERS.register(PlacementKind.HYBRID)
@@ -144,3 +150,6 @@ class HybridRouter:
 
     def finish(self, t: TrajectoryView) -> None:
         return None
+
+    def stale(self) -> Sequence[int]:
+        return ()

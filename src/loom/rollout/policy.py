@@ -90,11 +90,16 @@ class Router(Protocol):
         """The worker that runs `t`'s next turn."""
 
     def migrate(self, t: TrajectoryView, workers: Sequence[WorkerView], now: float) -> int | None:
-        """Called when `t` starts a tool call: a worker to move its KV cache to during the
-        call, or None to leave it where it is."""
+        """Called when `t` starts a tool call, or while it waits (in a tool call or a queue)
+        after `stale` named it: a worker to move it and its KV cache to, or None to leave it
+        where it is."""
 
     def finish(self, t: TrajectoryView) -> None:
         """Called when `t` has finished its last turn."""
+
+    def stale(self) -> Sequence[int]:
+        """Trajectories (ids) that the router would now place elsewhere although nothing new
+        is known about them (e.g. the active set shrank); called after every turn."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -6,6 +6,15 @@ degree, so the longest group lands on the largest worker, §6.2). When a traject
 prediction changes, its rank among the still-active trajectories is looked up against the
 original group sizes scaled by (active / initial); if that rank falls in another worker's
 range the trajectory migrates there during its tool call.
+
+The scaled bounds also move when nothing is learnt about a trajectory: each finish shrinks
+the active set and shifts ranks, so a trajectory near a bound may now belong to the next
+worker. `stale` names those; a trajectory then waiting (in a queue or a tool call) moves at
+once, and a running one at the end of its turn. NOTE: §5.3 states the rule only for
+prediction updates. Without the rebalancing a trajectory predicted long and placed on a large
+worker, queued there behind longer ones under longest-first scheduling, never ends a turn and
+so never moves, while the workers its rank now maps to sit idle (at 64 GPUs on math, small
+workers idled for half the rollout).
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ class HeddleRouter:
         self._sizes: list[int] = []
         self._workers: list[int] = []
         self._n0 = 0
+        self._changes = 0  # ranking changes since the last `stale` call
 
     def start(self, trajs: Sequence[TrajectoryView], workers: Sequence[WorkerView]) -> None:
         if not workers:
@@ -71,6 +81,23 @@ class HeddleRouter:
 
     def finish(self, t: TrajectoryView) -> None:
         self._ranked.discard((-self._pred[t.traj_id], t.traj_id))
+        self._changes += 1
+
+    def stale(self) -> list[int]:
+        """Active trajectories whose scaled slice is no longer their home's. Each ranking
+        change moves a rank or a bound by at most one place, so only ranks within that many
+        places of a bound can have crossed it."""
+        if not self._changes or not self._ranked or not self.migrate_enabled:
+            return []
+        width, self._changes = self._changes + 1, 0
+        n, bounds = len(self._ranked), self._bounds()
+        out = []
+        for bound in bounds[:-1]:
+            for rank in range(max(0, int(bound) - width), min(n, int(bound) + width + 1)):
+                traj_id = self._ranked[rank][1]
+                if self._slice(rank, bounds) != self._home[traj_id]:
+                    out.append(traj_id)
+        return out
 
     def _update(self, t: TrajectoryView) -> None:
         old = self._pred[t.traj_id]
@@ -79,12 +106,18 @@ class HeddleRouter:
             self._ranked.discard((-old, t.traj_id))
             self._pred[t.traj_id] = new
             self._ranked.add((-new, t.traj_id))
+            self._changes += 1
+
+    def _bounds(self) -> list[float]:
+        scale = len(self._ranked) / self._n0
+        return list(accumulate(s * scale for s in self._sizes))
 
     def _target(self, traj_id: int) -> int:
         """The worker whose scaled slice of the ranking holds this trajectory's rank."""
         rank = self._ranked.index((-self._pred[traj_id], traj_id))
-        scale = len(self._ranked) / self._n0
-        bounds = list(accumulate(s * scale for s in self._sizes))
+        return self._slice(rank, self._bounds())
+
+    def _slice(self, rank: int, bounds: list[float]) -> int:
         j = min(bisect.bisect_right(bounds, rank), len(bounds) - 1)
         while self._sizes[j] == 0 and j > 0:  # an empty group takes nobody
             j -= 1

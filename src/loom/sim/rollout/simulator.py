@@ -140,6 +140,7 @@ class RolloutSimulator:
         self.migration_stall_s = 0.0
         self._stall_since: dict[int, float] = {}
         self._active = len(self.trajs)
+        self._rebalance_due = False
         self._series: list[tuple[float, int]] = [(0.0, self._active)]
         self._ran = False
 
@@ -208,6 +209,7 @@ class RolloutSimulator:
             self._active -= 1
             self._series.append((self.eng.now, self._active))
             self.router.finish(t)
+            self._schedule_rebalance()
             return
         t.status = TrajectoryStatus.IN_TOOL
         t.host = w.idx
@@ -218,6 +220,45 @@ class RolloutSimulator:
         target = self.router.migrate(t, self.views, self.eng.now)
         if target is not None and target != w.idx and self.cfg.migrate_kv:
             self._request_migration(t, w.idx, target)
+        self._schedule_rebalance()
+
+    def _schedule_rebalance(self) -> None:
+        # After the worker that called back has settled, once per instant.
+        if not self._rebalance_due:
+            self._rebalance_due = True
+            self.eng.after(0.0, self._rebalance, priority=2)
+
+    def _rebalance(self) -> None:
+        """Move the waiting trajectories that the router now places elsewhere (running ones
+        are asked at the end of their turn): one in a tool call sends its KV cache ahead, one
+        in a queue leaves it and joins the target's queue when its KV cache lands."""
+        self._rebalance_due = False
+        for traj_id in self.router.stale():
+            t = self.trajs[traj_id]
+            if t.migrating_to >= 0 or t.status not in (
+                TrajectoryStatus.IN_TOOL,
+                TrajectoryStatus.QUEUED,
+            ):
+                continue
+            src = t.host if t.status == TrajectoryStatus.IN_TOOL else t.queued_on
+            target = self.router.migrate(t, self.views, self.eng.now)
+            if target is None or target == src:
+                continue
+            if t.status == TrajectoryStatus.QUEUED:
+                self.workers[src].withdraw(t)
+                self.workers[src].poke()  # its queue head may have changed
+                src = t.host  # the KV cache, if any, is where its last turn ran
+                if (
+                    not self.cfg.migrate_kv
+                    or src < 0
+                    or not self.workers[src].cached_tokens(traj_id)
+                ):
+                    self._enqueue(t)
+                    continue
+                t.tool_returned = True  # joins the target's queue when the KV lands
+                self._stall_since[traj_id] = self.eng.now
+            if self.cfg.migrate_kv and src != target:
+                self._request_migration(t, src, target)
 
     def _tool_return(self, t: TrajState) -> None:
         t.tool_returned = True

@@ -21,6 +21,7 @@ class TrajState:
         "predictions",
         "prompt_id",
         "queue_delay_s",
+        "queued_on",
         "spec",
         "status",
         "steps_done",
@@ -45,6 +46,7 @@ class TrajState:
         self.finish_s = float("nan")
         self.host = -1
         self.migrating_to = -1
+        self.queued_on = -1  # worker whose queue holds its waiting turn
         self.tool_returned = False
         self.status = TrajectoryStatus.PENDING
 

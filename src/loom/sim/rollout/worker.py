@@ -74,7 +74,7 @@ class Worker:
         self._on_turn_done = on_turn_done
         self.running: list[Seq] = []
         self.waiting: SortedList = SortedList()  # (key, seq_no, traj)
-        self._queued: set[int] = set()  # traj_ids in `waiting`
+        self._queued: dict[int, tuple[float, int, TrajState]] = {}  # traj_id -> its entry
         self._wseq = 0
         self.idle: OrderedDict[int, int] = OrderedDict()  # traj_id -> cached tokens (LRU)
         self._owner: dict[int, TrajState] = {}  # traj_id -> trajectory of an idle prefix
@@ -87,6 +87,7 @@ class Worker:
         self.prefill_tokens = 0  # tokens actually prefilled (recomputation included)
         self.cached_hit_tokens = 0
         self.preemptions = 0
+        self._persist: set[int] = set()  # prefixes of turns preempted in this admission pass
 
     # ---- views -------------------------------------------------------------------------
     @property
@@ -125,16 +126,22 @@ class Worker:
             self.drop_idle(victim)
         return True
 
-    def _can_fit(self, tokens: int, keep: int, rank: float) -> bool:
-        """Whether `_make_room(tokens, keep, rank)` would succeed; evicts nothing."""
+    def _can_fit(self, tokens: int, keep: int, rank: float, spare: TrajState | None = None) -> bool:
+        """Whether `_make_room(tokens, keep, rank)` would succeed; evicts nothing. `spare`: a
+        running turn about to be preempted, whose KV (resident now) must stay cached."""
         free = self._free()
         if free >= tokens:
             return True
-        if free + self.idle_used - self.idle.get(keep, 0) < tokens:
+        keep_ids = {keep, *self._persist}
+        if spare is not None:  # its prefix, if already idle here, is kept too
+            keep_ids.add(spare.traj_id)
+        if free + self.idle_used - sum(self.idle.get(k, 0) for k in keep_ids) < tokens:
             return False
         if not self.sched.priority_eviction:
             return True
-        evictable = sum(n for t, n in self.idle.items() if t != keep and self._evictable(t, rank))
+        evictable = sum(
+            n for t, n in self.idle.items() if t not in keep_ids and self._evictable(t, rank)
+        )
         return free + evictable >= tokens
 
     def _evictable(self, traj_id: int, rank: float) -> bool:
@@ -151,10 +158,10 @@ class Worker:
         call or a preemption instead of losing it to turns that rank below it and prefilling
         its whole context again when it returns."""
         if not self.sched.priority_eviction:
-            return next((t for t in self.idle if t != keep), None)
+            return next((t for t in self.idle if t != keep and t not in self._persist), None)
         victim, best = None, None
         for t in self.idle:  # least recently used first: ties keep that order
-            if t == keep or not self._evictable(t, rank):
+            if t == keep or t in self._persist or not self._evictable(t, rank):
                 continue
             order = (self._returns_here(self._owner[t]), -self._key(self._owner[t]))
             if best is None or order < best:
@@ -177,6 +184,7 @@ class Worker:
         """A turn of `traj` arrives here (`poke=False` to batch several arrivals)."""
         traj.status = TrajectoryStatus.QUEUED
         traj.turn_arrival_s = self.eng.now
+        traj.queued_on = self.idx
         self._push_waiting(traj)
         if poke:
             self.poke()
@@ -186,6 +194,14 @@ class Worker:
         that prefix no longer blocks admission here, so re-plan."""
         if self.sched.priority_eviction and traj.traj_id in self.idle:
             self.poke()
+
+    def withdraw(self, traj: TrajState) -> None:
+        """Take `traj`'s waiting turn out of the queue (the router moves it elsewhere); its
+        cached prefix stays until moved or evicted."""
+        entry = self._queued.pop(traj.traj_id)
+        self.waiting.remove(entry)
+        traj.queue_delay_s += self.eng.now - traj.turn_arrival_s
+        traj.turn_arrival_s = self.eng.now
 
     def poke(self) -> None:
         """Re-plan after a change: finish the iteration in flight, admit, plan a segment."""
@@ -198,8 +214,9 @@ class Worker:
     # ---- internals ---------------------------------------------------------------------
     def _push_waiting(self, traj: TrajState) -> None:
         self._wseq += 1
-        self.waiting.add((self.sched.key(traj, self.eng.now), self._wseq, traj))
-        self._queued.add(traj.traj_id)
+        entry = (self.sched.key(traj, self.eng.now), self._wseq, traj)
+        self.waiting.add(entry)
+        self._queued[traj.traj_id] = entry
 
     def _settle(self) -> float | None:
         """Apply the progress of the current segment up to the next iteration boundary and
@@ -262,12 +279,18 @@ class Worker:
         self.running = still
 
     def _admit(self) -> None:
+        try:
+            self._admit_waiting()
+        finally:
+            self._persist.clear()
+
+    def _admit_waiting(self) -> None:
         while self.waiting:
             key, _, traj = self.waiting[0]
-            if len(self.running) >= self.max_running and not self._preempt_for(key):
-                return
             cached = self.idle.get(traj.traj_id, 0)
             need = traj.full_context() - cached
+            if len(self.running) >= self.max_running and not self._preempt_for(traj, key, need):
+                return
             # Room for the prompt plus decode headroom for everyone (SGLang-style reservation).
             # NOTE: as in SGLang, cached prefixes that could be evicted count as room, and only
             # the prompt's share is evicted now; the headroom is evicted as decoding fills it.
@@ -275,13 +298,13 @@ class Worker:
             # prefill their whole context again on return.
             reserve = self.decode_reserve * (len(self.running) + 1)
             if not self._can_fit(need + reserve, keep=traj.traj_id, rank=key):
-                if not self._preempt_for(key):
+                if not self._preempt_for(traj, key, need):
                     return
                 continue
             fitted = self._make_room(need, keep=traj.traj_id, rank=key)
             assert fitted, f"worker {self.idx}: room checked for trajectory {traj.traj_id}"
             self.waiting.pop(0)
-            self._queued.discard(traj.traj_id)
+            del self._queued[traj.traj_id]
             self.drop_idle(traj.traj_id)
             self.used += cached
             self.cached_hit_tokens += cached
@@ -290,13 +313,21 @@ class Worker:
             traj.host = self.idx
             self.running.append(Seq(traj, key, need))
 
-    def _preempt_for(self, key: float) -> bool:
-        """Preemptive schedulers evict the worst running turn if `key` outranks it."""
+    def _preempt_for(self, traj: TrajState, key: float, need: int) -> bool:
+        """Preemptive schedulers evict the worst running turn if `key` outranks it and the
+        victim's KV can be persisted: `traj` (`need` new tokens) must then fit without
+        evicting it. NOTE: Algorithm 1 preempts and persists the victim's KV cache; when the
+        cache has no room for both, preempting would only trade the victim's context for a
+        full recomputation later, so the outranking turn waits for room instead."""
         if not self.sched.preemptive or not self.running:
             return False
         victim = max(self.running, key=lambda s: s.key)
         if not self.sched.outranks(key, victim.key):
             return False
+        reserve = self.decode_reserve * len(self.running)
+        if not self._can_fit(need + reserve, keep=traj.traj_id, rank=key, spare=victim.traj):
+            return False
+        self._persist.add(victim.traj.traj_id)  # admissions in this pass leave its KV
         self._preempt(victim)
         return True
 
@@ -308,6 +339,7 @@ class Worker:
         self.put_idle(victim.traj, tokens)  # persist its KV as a cached prefix
         victim.traj.turn_arrival_s = self.eng.now
         victim.traj.status = TrajectoryStatus.QUEUED
+        victim.traj.queued_on = self.idx
         self._push_waiting(victim.traj)
 
     def _plan(self, start: float) -> None:
