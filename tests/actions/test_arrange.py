@@ -20,6 +20,7 @@ from loom.actions.tangram import (
     free_blocks,
     pack_chunks,
 )
+from loom.actions.tangram.arrange import PrefixArrangements
 from loom.core.errors import ConfigError
 
 Task = dict[int, float]
@@ -382,3 +383,52 @@ def test_operators_dispatch_to_their_dp() -> None:
     assert chunks.arrange(durations, [2, 1]) == Arrangement(total=5.0, units=(1, 2))
     with pytest.raises(ConfigError, match="power of two"):
         ChunkOperator(gpus=6)
+
+
+# ---- every eviction prefix at once (the scheduler's view) ----------------------------------
+
+
+@st.composite
+def _range_tasks(draw: st.DrawFn, convex: bool) -> list[Task]:
+    """Tasks taking any count in a range; `convex`: savings per extra unit never grow (they may
+    turn negative: more units can be slower)."""
+    tasks = []
+    for _ in range(draw(st.integers(1, 7))):
+        low, n = draw(st.integers(1, 4)), draw(st.integers(1, 6))
+        if convex:
+            gains = sorted(draw(st.lists(st.floats(-5, 20), min_size=n - 1, max_size=n - 1)))
+            ds = list(itertools.accumulate(reversed(gains), lambda d, g: d - g, initial=0.0))
+            ds = [d - min(ds) for d in ds]
+        else:
+            ds = draw(st.lists(st.floats(0, 100), min_size=n, max_size=n))
+        tasks.append({low + j: d for j, d in enumerate(ds)})
+    return tasks
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.booleans().flatmap(_range_tasks), st.integers(0, 30))
+def test_prefix_arrangements_equal_dp_arrange_of_every_prefix(
+    durations: list[Task], budget: int
+) -> None:
+    prefixes = PrefixArrangements(durations, budget)
+    for k in range(len(durations) + 1):
+        want, got = dp_arrange(durations[:k], budget), prefixes.arrangement(k)
+        if want is None:
+            assert got is None and prefixes.total(k) is None
+            continue
+        assert got is not None and prefixes.total(k) == got.total
+        assert math.isclose(got.total, want.total, rel_tol=1e-9, abs_tol=1e-9)
+        assert sum(got.units) <= budget
+        assert all(u in durations[i] for i, u in enumerate(got.units))
+        chosen = sum(durations[i][u] for i, u in enumerate(got.units))
+        assert math.isclose(chosen, got.total, rel_tol=1e-9, abs_tol=1e-9)
+
+
+def test_convex_savings_take_the_greedy_path_and_others_the_table() -> None:
+    amdahl = [{m: 10.0 * (0.1 + 0.9 / m) for m in range(1, 33)} for _ in range(8)]
+    assert PrefixArrangements(amdahl, 64)._savings is not None
+    bumpy = [*amdahl, {1: 5.0, 2: 4.9, 3: 1.0}]  # the third unit saves more than the second
+    assert PrefixArrangements(bumpy, 64)._savings is None
+    gappy = [*amdahl, {1: 5.0, 4: 2.0}]
+    assert PrefixArrangements(gappy, 64)._savings is None
+    assert PrefixArrangements(bumpy, 64).total(9) == dp_arrange(bumpy, 64).total

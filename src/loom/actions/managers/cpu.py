@@ -153,17 +153,19 @@ class CpuManager(ResourceManager):
 
     def _pick_cores(self, node: str, units: int) -> tuple[int, ...]:
         doms = self._free[node]
-        fitting = [d for d in range(len(doms)) if len(doms[d]) >= units]
-        if fitting:  # NUMA-local: the fullest domain that still fits (best fit)
-            d = min(fitting, key=lambda i: (len(doms[i]), i))
-            local = tuple(doms[d][:units])
-            doms[d][:] = doms[d][units:]
+        best, room = -1, 0
+        for d, dom in enumerate(doms):  # NUMA-local: the fullest domain that still fits
+            if units <= len(dom) and (best < 0 or len(dom) < room):
+                best, room = d, len(dom)
+        if best >= 0:
+            local = tuple(doms[best][:units])
+            del doms[best][:units]
             return local
         taken: list[int] = []
         for d in sorted(range(len(doms)), key=lambda i: (-len(doms[i]), i)):
             k = min(units - len(taken), len(doms[d]))
             taken += doms[d][:k]
-            doms[d][:] = doms[d][k:]
+            del doms[d][:k]
             if len(taken) == units:
                 break
         assert len(taken) == units, f"node {node} has fewer than {units} free cores"

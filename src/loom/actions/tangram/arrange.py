@@ -125,12 +125,20 @@ def dp_arrange(durations: Durations, units: int) -> Arrangement | None:
 class PrefixArrangements:
     """`dp_arrange(durations[:k], units)` for every k from one table: greedy eviction drops the
     last candidate at each step, so it needs the optimum of every prefix. `total(k)` is O(1)
-    after the fill; `arrangement(k)` backtracks only the prefix asked for."""
+    after the fill; `arrangement(k)` backtracks only the prefix asked for.
+
+    When every task takes any count in a range and its durations are convex in the count
+    (marginal savings never grow, as under Amdahl-like elasticity), the optimum of a prefix is
+    its minimums plus the largest positive marginal savings that the spare units buy: the
+    separable convex resource-allocation problem, where greedy marginal allocation is exact
+    (Gross 1956; Ibaraki and Katoh 1988). That path answers each prefix by one partial sort of
+    the savings instead of filling the DP table; other inputs take the table."""
 
     def __init__(self, durations: Durations, units: int) -> None:
         options = _validated_options(durations)
         budget = _check_count("unit budget", units)
         self._options = [_at_most(o, budget) if o.low <= budget else o for o in options]
+        self._budget = budget
         self.feasible = 0  # the longest prefix whose minimums fit the budget
         floor = 0
         for o in self._options:
@@ -138,16 +146,24 @@ class PrefixArrangements:
             if floor > budget:
                 break
             self.feasible += 1
-        self._table = (
-            _UnitPoolTable.fill(self._options[: self.feasible], budget, reserve=False)
-            if self.feasible
-            else None
-        )
+        fit = self._options[: self.feasible]
+        self._table: _UnitPoolTable | None = None
+        self._savings: tuple[_Floats, _Units, list[int], list[int]] | None = None
+        savings = _convex_savings(fit) if fit else None
+        if savings is not None:
+            gains, counts = savings
+            owner = np.repeat(np.arange(len(fit)), counts)
+            ends = np.cumsum([0, *counts]).tolist()
+            floors = np.cumsum([0] + [o.low for o in fit]).tolist()
+            self._savings = (gains, owner, ends, floors)
+        elif fit:
+            self._table = _UnitPoolTable.fill(fit, budget, reserve=False)
         self._used = (
             [0] + [int(np.argmin(self._table.row(k))) for k in range(1, self.feasible + 1)]
             if self._table is not None
             else [0]
         )
+        self._greedy: dict[int, Arrangement] = {}
 
     def __len__(self) -> int:
         return len(self._options) + 1
@@ -155,18 +171,59 @@ class PrefixArrangements:
     def total(self, k: int) -> float | None:
         if k > self.feasible:
             return None
-        if k == 0 or self._table is None:
+        if k == 0:
             return 0.0
+        if self._savings is not None:
+            return self._greedy_prefix(k).total
+        assert self._table is not None
         return float(self._table.row(k)[self._used[k]])
 
     def arrangement(self, k: int) -> Arrangement | None:
-        total = self.total(k)
-        if total is None:
+        if k > self.feasible:
             return None
-        if k == 0 or self._table is None:
+        if k == 0:
             return Arrangement(total=0.0, units=())
+        if self._savings is not None:
+            return self._greedy_prefix(k)
+        total = self.total(k)
+        assert self._table is not None and total is not None
         units = self._table.backtrack(self._options[:k], self._used[k])
         return Arrangement(total=total, units=units)
+
+    def _greedy_prefix(self, k: int) -> Arrangement:
+        if k not in self._greedy:
+            assert self._savings is not None
+            gains, owner, ends, floors = self._savings
+            g, spare = gains[: ends[k]], self._budget - floors[k]
+            positive = np.flatnonzero(g > 0)
+            if len(positive) > spare:  # the `spare` largest savings (all positive)
+                positive = np.argpartition(-g, spare - 1)[:spare] if spare > 0 else positive[:0]
+            extra = np.bincount(owner[positive], minlength=k).tolist()
+            opts = self._options[:k]
+            # Summed in task order, as the DP table adds them.
+            total = sum(float(o.durations[e]) for o, e in zip(opts, extra, strict=True))
+            units = tuple(o.low + e for o, e in zip(opts, extra, strict=True))
+            self._greedy[k] = Arrangement(total=total, units=units)
+        return self._greedy[k]
+
+
+def _convex_savings(options: list[_Options]) -> tuple[_Floats, list[int]] | None:
+    """Every task's marginal savings (duration at u units less at u + 1), concatenated in
+    task order, and their count per task; None unless every task takes every count from its
+    least to its most and no extra unit saves more than the one before (one vectorised pass)."""
+    counts = [len(o.units) - 1 for o in options]
+    if any(o.high - o.low != c for o, c in zip(options, counts, strict=True)):
+        return None
+    durations = np.concatenate([o.durations for o in options])
+    steps = durations[:-1] - durations[1:]
+    starts = np.cumsum([0] + [c + 1 for c in counts])[:-1]
+    keep = np.ones(len(steps), dtype=bool)
+    keep[starts[1:] - 1] = False  # the step from one task's last option to the next's first
+    gains = steps[keep]
+    rising = gains[1:] > gains[:-1]
+    first = np.cumsum([0, *counts])[1:-1]  # where each later task's savings begin
+    rising[first[(first > 0) & (first <= len(rising))] - 1] = False  # ...after another's
+    return None if rising.any() else (gains, counts)
 
 
 def _at_most(options: _Options, limit: int) -> _Options:

@@ -14,6 +14,7 @@ import heapq
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 
 from loom.actions.managers.base import Grant, Ledger, ResourceManager
 from loom.actions.policy import ACTION_POLICIES, ActionPolicyKind, Start
@@ -102,7 +103,9 @@ class ElasticScheduler:
         for m in self._managers_of(action):
             m.validate(action)
         km = self._key_manager(action)
-        self._durs[action.action_id] = {u: action.duration_s(u) for u in km.options(action)}
+        # Ascending unit counts: the first key is the minimum.
+        units = sorted(km.options(action))
+        self._durs[action.action_id] = {u: action.duration_s(u) for u in units}
         self._mgrs[action.action_id] = self._managers_of(action)
         self._queue[action.action_id] = action
 
@@ -133,6 +136,18 @@ class ElasticScheduler:
         if not self._queue:
             return []
         self.decisions += 1
+        return self._start(self._decide(now), now)
+
+    def plan(self, now: float) -> list[tuple[str, int, str]]:
+        """What a pass would start now, without starting it: (action id, units of its key
+        resource, key domain) per action; the decision of `schedule` before allocation."""
+        out = []
+        for c in self._decide(now) if self._queue else []:
+            km = self._mgrs[c.action.action_id][0]
+            out.append((c.action.action_id, c.units, c.domains[km.name]))
+        return out
+
+    def _decide(self, now: float) -> list[_Candidate]:
         ledgers = {m.name: m.ledger(now) for m in self.managers}
         cands = self._candidates(ledgers)
         selected: list[_Candidate] = []
@@ -142,7 +157,7 @@ class ElasticScheduler:
             groups.setdefault((km.name, c.domains[km.name]), []).append(c)
         for (mname, domain), members in groups.items():
             selected += self._elastic(mname, domain, members, ledgers[mname], cands, now)
-        return self._start(selected, now)
+        return selected
 
     # -- phase 1: FCFS candidates at minimum units -----------------------------------------
     def _candidates(self, ledgers: Mapping[str, Ledger]) -> list[_Candidate]:
@@ -171,11 +186,11 @@ class ElasticScheduler:
         return out
 
     def _initial_units(self, a: ActionSpec, km: ResourceManager) -> int:
-        opts = sorted(self._durs[a.action_id])
+        opts = self._durs[a.action_id]  # ascending
         k = self.config.fixed_units
         if k is not None and a.elastic:
-            return max((u for u in opts if u <= k), default=opts[0])
-        return opts[0]
+            return max((u for u in opts if u <= k), default=next(iter(opts)))
+        return next(iter(opts))
 
     # -- phase 2: greedy eviction per (key resource, domain) -------------------------------
     def _scalable(self, a: ActionSpec, km: ResourceManager) -> bool:
@@ -197,10 +212,11 @@ class ElasticScheduler:
         now: float,
     ) -> list[_Candidate]:
         km = next(m for m in self.managers if m.name == mname)
-        scal = [c for c in members if self._scalable(c.action, km)]
+        scal, fixed = [], []
+        for c in members:
+            (scal if self._scalable(c.action, km) else fixed).append(c)
         if not scal:  # Line 5-6: unknown or zero elasticity: minimum units, all selected
             return members
-        fixed = [c for c in members if not self._scalable(c.action, km)]
         for c in scal:  # their minimum units return to the pool the DP splits
             ledger.give(c.action, domain, c.units)
         cap = ledger.free_units(domain)
@@ -208,18 +224,24 @@ class ElasticScheduler:
             max(r.end_s - now, 0.0) for r in self._running.values() if r.group == (mname, domain)
         ]
         taken = {c.action.action_id for c in cands}
-        remaining = [
-            a
-            for a in self._queue.values()
-            if a.action_id not in taken
-            and self._mgrs[a.action_id][0] is km
-            and km.pinned_domain(a) in (None, domain)
-        ][: self.config.lookahead]
+        remaining = list(
+            islice(
+                (
+                    a
+                    for a in self._queue.values()
+                    if a.action_id not in taken
+                    and self._mgrs[a.action_id][0] is km
+                    and km.pinned_domain(a) in (None, domain)
+                ),
+                self.config.lookahead,
+            )
+        )
 
         options = [self._options(c.action, km, cap) for c in scal]
-        first_cost = {  # (unit count, duration) choices for an action heading the remainder
-            id(a): self._head_choices(a, km) for a in [c.action for c in scal] + remaining[:1]
-        }
+        # Durations at the first `depth` unit counts of each action that may head the rest.
+        first_cost = {id(c.action): self._head_choices(c.action, km, True) for c in scal}
+        if remaining:
+            first_cost[id(remaining[0])] = self._head_choices(remaining[0], km, None)
         base = [self._min_duration(a, km) for a in remaining]
         scal_min = [self._min_duration(c.action, km) for c in scal]
 
@@ -252,16 +274,18 @@ class ElasticScheduler:
 
     def _options(self, a: ActionSpec, km: ResourceManager, cap: int) -> dict[int, float]:
         durs = self._durs[a.action_id]
-        return durs if max(durs) <= cap else {u: d for u, d in durs.items() if u <= cap}
+        return durs if next(reversed(durs)) <= cap else {u: d for u, d in durs.items() if u <= cap}
 
     def _min_duration(self, a: ActionSpec, km: ResourceManager) -> float:
-        durs = self._durs[a.action_id]
-        return durs[min(durs)]
+        return next(iter(self._durs[a.action_id].values()))  # ascending units
 
-    def _head_choices(self, a: ActionSpec, km: ResourceManager) -> list[float]:
-        durs = self._durs[a.action_id]
-        units = sorted(durs)[: self.config.depth if self._scalable(a, km) else 1]
-        return [durs[u] for u in units]
+    def _head_choices(
+        self, a: ActionSpec, km: ResourceManager, scalable: bool | None
+    ) -> list[float]:
+        if scalable is None:
+            scalable = self._scalable(a, km)
+        durs = self._durs[a.action_id].values()
+        return list(islice(durs, self.config.depth if scalable else 1))
 
     # -- phase 3: concrete allocation ------------------------------------------------------
     def _start(self, selected: list[_Candidate], now: float) -> list[Start]:
