@@ -212,7 +212,8 @@ class ElasticScheduler:
         now: float,
     ) -> list[_Candidate]:
         km = next(m for m in self.managers if m.name == mname)
-        scal, fixed = [], []
+        scal: list[_Candidate] = []
+        fixed: list[_Candidate] = []
         for c in members:
             (scal if self._scalable(c.action, km) else fixed).append(c)
         if not scal:  # Line 5-6: unknown or zero elasticity: minimum units, all selected
