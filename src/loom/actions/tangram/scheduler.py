@@ -240,9 +240,10 @@ class ElasticScheduler:
 
         options = [self._options(c.action, km, cap) for c in scal]
         # Durations at the first `depth` unit counts of each action that may head the rest.
-        first_cost = {id(c.action): self._head_choices(c.action, km, True) for c in scal}
+        first_cost = {id(c.action): self._head_choices(c.action, True) for c in scal}
         if remaining:
-            first_cost[id(remaining[0])] = self._head_choices(remaining[0], km, None)
+            head = remaining[0]
+            first_cost[id(head)] = self._head_choices(head, self._scalable(head, km))
         base = [self._min_duration(a, km) for a in remaining]
         scal_min = [self._min_duration(c.action, km) for c in scal]
 
@@ -280,11 +281,7 @@ class ElasticScheduler:
     def _min_duration(self, a: ActionSpec, km: ResourceManager) -> float:
         return next(iter(self._durs[a.action_id].values()))  # ascending units
 
-    def _head_choices(
-        self, a: ActionSpec, km: ResourceManager, scalable: bool | None
-    ) -> list[float]:
-        if scalable is None:
-            scalable = self._scalable(a, km)
+    def _head_choices(self, a: ActionSpec, scalable: bool) -> list[float]:
         durs = self._durs[a.action_id].values()
         return list(islice(durs, self.config.depth if scalable else 1))
 

@@ -217,10 +217,14 @@ class RolloutSimulator:
         w.put_idle(t, t.context)
         assert turn.tool_latency_s is not None
         self.eng.after(turn.tool_latency_s, self._tool_return, t, priority=0)
-        target = self.router.migrate(t, self.views, self.eng.now)
-        if target is not None and target != w.idx and self.cfg.migrate_kv:
-            self._request_migration(t, w.idx, target)
+        self._send_ahead(t, w.idx)
         self._schedule_rebalance()
+
+    def _send_ahead(self, t: TrajState, src: int) -> None:
+        """`t` is in a tool call with its KV cache on `src`: move it where the router says."""
+        target = self.router.migrate(t, self.views, self.eng.now)
+        if target is not None and target != src and self.cfg.migrate_kv:
+            self._request_migration(t, src, target)
 
     def _schedule_rebalance(self) -> None:
         # After the worker that called back has settled, once per instant.
@@ -240,25 +244,21 @@ class RolloutSimulator:
                 TrajectoryStatus.QUEUED,
             ):
                 continue
-            src = t.host if t.status == TrajectoryStatus.IN_TOOL else t.queued_on
-            target = self.router.migrate(t, self.views, self.eng.now)
-            if target is None or target == src:
+            if t.status == TrajectoryStatus.IN_TOOL:
+                self._send_ahead(t, t.host)
                 continue
-            if t.status == TrajectoryStatus.QUEUED:
-                self.workers[src].withdraw(t)
-                self.workers[src].poke()  # its queue head may have changed
-                src = t.host  # the KV cache, if any, is where its last turn ran
-                if (
-                    not self.cfg.migrate_kv
-                    or src < 0
-                    or not self.workers[src].cached_tokens(traj_id)
-                ):
-                    self._enqueue(t)
-                    continue
-                t.tool_returned = True  # joins the target's queue when the KV lands
-                self._stall_since[traj_id] = self.eng.now
-            if self.cfg.migrate_kv and src != target:
-                self._request_migration(t, src, target)
+            target = self.router.migrate(t, self.views, self.eng.now)
+            if target is None or target == t.queued_on:
+                continue
+            self.workers[t.queued_on].withdraw(t)
+            src = t.host  # the KV cache, if any, is where its last turn ran
+            kv_elsewhere = src >= 0 and src != target and self.workers[src].cached_tokens(traj_id)
+            if not (self.cfg.migrate_kv and kv_elsewhere):
+                self._enqueue(t)
+                continue
+            t.tool_returned = True  # joins the target's queue when the KV lands
+            self._stall_since[traj_id] = self.eng.now
+            self._request_migration(t, src, target)
 
     def _tool_return(self, t: TrajState) -> None:
         t.tool_returned = True

@@ -202,6 +202,7 @@ class Worker:
         self.waiting.remove(entry)
         traj.queue_delay_s += self.eng.now - traj.turn_arrival_s
         traj.turn_arrival_s = self.eng.now
+        self.poke()  # the queue head may have changed
 
     def poke(self) -> None:
         """Re-plan after a change: finish the iteration in flight, admit, plan a segment."""
