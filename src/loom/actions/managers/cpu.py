@@ -109,12 +109,12 @@ class CpuManager(ResourceManager):
     def allocate(self, action: ActionSpec, units: int, domain: str, now: float) -> Grant:
         self._ensure_pin(action, domain)
         cores = self._pick_cores(domain, units)
-        return Grant(
-            action_id=action.action_id,
-            manager=self.name,
-            domain=domain,
-            units=units,
-            cores=cores,
+        return Grant.fast(
+            action.action_id,
+            self.name,
+            domain,
+            units,
+            cores,
             memory_gb=self._traj_mem[action.trajectory_id],
         )
 
@@ -153,13 +153,15 @@ class CpuManager(ResourceManager):
 
     def _pick_cores(self, node: str, units: int) -> tuple[int, ...]:
         doms = self._free[node]
-        best, room = -1, 0
-        for d, dom in enumerate(doms):  # NUMA-local: the fullest domain that still fits
-            if units <= len(dom) and (best < 0 or len(dom) < room):
-                best, room = d, len(dom)
-        if best >= 0:
-            local = tuple(doms[best][:units])
-            del doms[best][:units]
+        best: list[int] | None = None
+        room = 0
+        for dom in doms:  # NUMA-local: the fullest domain that still fits (the first such)
+            n = len(dom)
+            if units <= n and (best is None or n < room):
+                best, room = dom, n
+        if best is not None:
+            local = tuple(best[:units])
+            del best[:units]
             return local
         taken: list[int] = []
         for d in sorted(range(len(doms)), key=lambda i: (-len(doms[i]), i)):
@@ -179,42 +181,49 @@ class _CpuLedger(Ledger):
         self._mem = dict(mgr._free_mem)
         self._pin: dict[str, str] = {}
         self._traj_mem: dict[str, float] = {}
-
-    def _pinned(self, tid: str) -> str | None:
-        return self._mgr._pin.get(tid) or self._pin.get(tid)
-
-    def _extra_mem(self, action: ActionSpec, node: str) -> float:
-        tid = action.trajectory_id
-        held = self._mgr._traj_mem.get(tid, self._traj_mem.get(tid, 0.0))
-        return max(_mem(action) - held, 0.0)
+        self._single = next(iter(mgr.nodes)) if len(mgr.nodes) == 1 else None
 
     def take(self, action: ActionSpec, units: int | None, domain: str | None = None) -> str | None:
-        u = units if units is not None else action.demand[CPU].minimum
-        node = self._pinned(action.trajectory_id)
-        if domain is not None and node is not None and node != domain:
-            return None
-        if node is None and domain is not None:
-            if self._cores[domain] < u or self._mem[domain] < _mem(action):
-                return None
-            node = domain
-            self._pin[action.trajectory_id] = node
-        elif node is None:
-            fits = [
-                n for n in self._mgr.nodes if self._cores[n] >= u and self._mem[n] >= _mem(action)
-            ]
-            if not fits:
-                return None
-            # Memory load balance: the node with the most free memory (by fraction).
-            node = max(fits, key=lambda n: (self._mem[n] / self._mgr.nodes[n].memory_gb, n))
-            self._pin[action.trajectory_id] = node
-        extra = self._extra_mem(action, node)
-        if self._cores[node] < u or self._mem[node] < extra:
-            return None
-        self._cores[node] -= u
-        self._mem[node] -= extra
         tid = action.trajectory_id
-        self._traj_mem[tid] = max(self._traj_mem.get(tid, 0.0), _mem(action))
+        u = units if units is not None else action.demand[CPU].minimum
+        mem = _mem(action)
+        cores, free_mem = self._cores, self._mem
+        node = self._mgr._pin.get(tid) or self._pin.get(tid)
+        if node is None:
+            target = domain if domain is not None else self._single
+            if target is not None:  # the domain asked for, or the only node
+                if cores[target] < u or free_mem[target] < mem:
+                    return None
+                node = target
+            else:
+                node = self._roomiest(u, mem)
+                if node is None:
+                    return None
+            self._pin[tid] = node
+        elif domain is not None and node != domain:
+            return None
+        held = self._mgr._traj_mem.get(tid)
+        if held is None:
+            held = self._traj_mem.get(tid, 0.0)
+        extra = mem - held if mem > held else 0.0
+        if cores[node] < u or free_mem[node] < extra:
+            return None
+        cores[node] -= u
+        free_mem[node] -= extra
+        prior = self._traj_mem.get(tid, 0.0)
+        self._traj_mem[tid] = mem if mem > prior else prior
         return node
+
+    def _roomiest(self, units: int, mem: float) -> str | None:
+        """Memory load balance: of the nodes with `units` cores and `mem` GB free, the one
+        with the most free memory by fraction (then the greatest name)."""
+        best, score = None, (0.0, "")
+        for n, spec in self._mgr.nodes.items():
+            if self._cores[n] >= units and self._mem[n] >= mem:
+                s = (self._mem[n] / spec.memory_gb, n)
+                if best is None or s > score:
+                    best, score = n, s
+        return best
 
     def give(self, action: ActionSpec, domain: str, units: int, *, full: bool = False) -> None:
         self._cores[domain] += units

@@ -17,10 +17,12 @@ over every reachable state, not the state that uses the whole budget. Ties go to
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import chain
+from functools import reduce
+from itertools import accumulate, chain
 from numbers import Integral, Real
+from operator import add, getitem
 from typing import NamedTuple, Protocol, TypeAlias, TypeVar
 
 import numpy as np
@@ -34,6 +36,7 @@ __all__ = [
     "DpOperator",
     "Durations",
     "PrefixArrangements",
+    "UnitDurations",
     "UnitPoolOperator",
     "dp_arrange",
     "dp_arrange_chunks",
@@ -67,6 +70,63 @@ class Arrangement:
 
     total: float = field(metadata={"help": "sum of the chosen durations, added in task order"})
     units: tuple[int, ...] = field(metadata={"help": "units given to each task, in input order"})
+
+
+class UnitDurations(Mapping[int, float]):
+    """One task's durations (unit count -> duration), checked and sorted once, with its
+    marginal savings when they qualify for the greedy path of `PrefixArrangements`. A scheduler
+    arranges the same queued action on every pass: keeping one of these per action spares each
+    pass re-validating its options and re-deriving its savings. Read-only; iterates ascending."""
+
+    __slots__ = ("_gains", "_map", "_options", "_values")
+
+    def __init__(self, durations: Mapping[int, float]) -> None:
+        options = _plain_options(durations)
+        if options is None:  # not plain ints to floats: the general check names what is wrong
+            (options,) = _validated_options([durations])
+        self._set(options, _task_savings(options))
+
+    def _set(self, options: _Options, gains: _Floats | None) -> None:
+        for shared in (options.units, options.durations, gains):
+            if shared is not None:
+                shared.flags.writeable = False  # every pass reads these arrays
+        self._options = options
+        self._gains = gains
+        self._values: list[float] = options.durations.tolist()  # ascending counts
+        self._map = dict(zip(options.units.tolist(), self._values, strict=True))
+
+    @property
+    def low(self) -> int:
+        return self._options.low
+
+    @property
+    def high(self) -> int:
+        return self._options.high
+
+    def at_most(self, limit: int) -> UnitDurations | None:
+        """The counts up to `limit` (this table itself when none is above); None when even the
+        least is above it."""
+        o = self._options
+        if o.high <= limit:
+            return self
+        if o.low > limit:
+            return None
+        cut = UnitDurations.__new__(UnitDurations)
+        kept = _at_most(o, limit)
+        cut._set(kept, None if self._gains is None else self._gains[: len(kept.units) - 1])
+        return cut
+
+    def __getitem__(self, units: int) -> float:
+        return self._map[units]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._map)
+
+    def __len__(self) -> int:
+        return len(self._map)
+
+    def __repr__(self) -> str:
+        return f"UnitDurations({self._map!r})"
 
 
 class DpOperator(Protocol[CapacityT]):
@@ -131,13 +191,25 @@ class PrefixArrangements:
     (marginal savings never grow, as under Amdahl-like elasticity), the optimum of a prefix is
     its minimums plus the largest positive marginal savings that the spare units buy: the
     separable convex resource-allocation problem, where greedy marginal allocation is exact
-    (Gross 1956; Ibaraki and Katoh 1988). That path answers each prefix by one partial sort of
-    the savings instead of filling the DP table; other inputs take the table."""
+    (Gross 1956; Ibaraki and Katoh 1988). That path ranks the positive savings once (ties: the
+    earlier task first) and answers each prefix by the first of them that belong to it, instead
+    of filling the DP table; other inputs take the table. Tasks given as `UnitDurations` skip
+    re-validation and bring their savings with them."""
 
     def __init__(self, durations: Durations, units: int) -> None:
-        options = _validated_options(durations)
         budget = _check_count("unit budget", units)
-        self._options = [_at_most(o, budget) if o.low <= budget else o for o in options]
+        tables = [t for t in durations if isinstance(t, UnitDurations)]
+        cached = len(tables) == len(durations)  # validated already, savings known
+        if cached:
+            # A task whose least is above the budget stays whole: it ends the feasible prefix.
+            tables = [
+                t if t._options.high <= budget or (c := t.at_most(budget)) is None else c
+                for t in tables
+            ]
+            self._options = [t._options for t in tables]
+        else:
+            options = _validated_options(durations)
+            self._options = [_at_most(o, budget) if o.low <= budget else o for o in options]
         self._budget = budget
         self.feasible = 0  # the longest prefix whose minimums fit the budget
         floor = 0
@@ -148,14 +220,22 @@ class PrefixArrangements:
             self.feasible += 1
         fit = self._options[: self.feasible]
         self._table: _UnitPoolTable | None = None
-        self._savings: tuple[_Floats, _Units, list[int], list[int]] | None = None
-        savings = _convex_savings(fit) if fit else None
+        self._savings: _RankedSavings | None = None
+        savings: tuple[_Floats, list[int]] | None = None
+        if not fit:
+            pass
+        elif not cached:
+            savings = _convex_savings(fit)
+        elif all(t._gains is not None for t in tables[: self.feasible]):
+            gains = [t._gains for t in tables[: self.feasible] if t._gains is not None]
+            savings = (np.concatenate(gains), [len(g) for g in gains])
         if savings is not None:
-            gains, counts = savings
-            owner = np.repeat(np.arange(len(fit)), counts)
-            ends = np.cumsum([0, *counts]).tolist()
-            floors = np.cumsum([0] + [o.low for o in fit]).tolist()
-            self._savings = (gains, owner, ends, floors)
+            values = (
+                [t._values for t in tables[: self.feasible]]
+                if cached
+                else [o.durations.tolist() for o in fit]
+            )
+            self._savings = _RankedSavings(fit, *savings, values)
         elif fit:
             self._table = _UnitPoolTable.fill(fit, budget, reserve=False)
         self._used = (
@@ -191,20 +271,79 @@ class PrefixArrangements:
         return Arrangement(total=total, units=units)
 
     def _greedy_prefix(self, k: int) -> Arrangement:
-        if k not in self._greedy:
+        got = self._greedy.get(k)
+        if got is None:
             assert self._savings is not None
-            gains, owner, ends, floors = self._savings
-            g, spare = gains[: ends[k]], self._budget - floors[k]
-            positive = np.flatnonzero(g > 0)
-            if len(positive) > spare:  # the `spare` largest savings (all positive)
-                positive = np.argpartition(-g, spare - 1)[:spare] if spare > 0 else positive[:0]
-            extra = np.bincount(owner[positive], minlength=k).tolist()
-            opts = self._options[:k]
-            # Summed in task order, as the DP table adds them.
-            total = sum(float(o.durations[e]) for o, e in zip(opts, extra, strict=True))
-            units = tuple(o.low + e for o, e in zip(opts, extra, strict=True))
-            self._greedy[k] = Arrangement(total=total, units=units)
-        return self._greedy[k]
+            got = self._savings.prefix(k, self._budget)
+            self._greedy[k] = got
+        return got
+
+
+class _RankedSavings:
+    """The greedy path over tasks 0..n-1, each convex over a range of counts (`gains`: their
+    marginal savings, task by task, `counts` of them each; `durations[i][e]`: task i's duration
+    at its least count plus e).
+
+    Each prefix takes the first of its tasks' positive savings in one ranking: largest first,
+    ties to the earlier task (within a task, to the smaller count, which convexity ranks first
+    anyway). Only the head of that ranking is sorted, the savings at least as large as the m-th
+    largest (a partition, not a sort of them all); a prefix that needs more than the head holds
+    ranks a head four times as long."""
+
+    def __init__(
+        self,
+        options: list[_Options],
+        gains: _Floats,
+        counts: list[int],
+        durations: list[list[float]],
+    ) -> None:
+        self._gains = gains
+        self._ends = np.array(list(accumulate(counts)), dtype=np.intp)  # task i's end in gains
+        self._lows = [o.low for o in options]
+        self._floors = list(accumulate(self._lows, initial=0))
+        self._durations = durations
+        self._head: npt.NDArray[np.intp] = np.zeros(0, dtype=np.intp)  # tasks of the savings
+        self._size = 0  # m: the head holds every saving >= the m-th largest (and > 0)
+        self._complete = False  # the head holds every positive saving
+        self._widest = max(counts)
+
+    def _rank(self, m: int) -> None:
+        g = self._gains
+        n = len(g)
+        cut = float(np.partition(g, n - m)[n - m]) if m < n else 0.0
+        if cut > 0:
+            picked = np.flatnonzero(g >= cut)
+        else:
+            picked, self._complete = np.flatnonzero(g > 0), True
+        ranked = picked[np.argsort(-g[picked], kind="stable")]
+        self._head = np.searchsorted(self._ends, ranked, side="right")
+        self._size = m
+
+    def prefix(self, k: int, budget: int) -> Arrangement:
+        """The optimum of the first k tasks (their minimums fit `budget`): the `spare` largest
+        positive savings among theirs."""
+        spare = budget - self._floors[k]
+        if not self._size:  # room for this prefix and a few evictions after it
+            self._rank(spare + 4 * self._widest + 32)
+        while True:
+            mine = self._head if k == len(self._lows) else self._head[self._head < k]
+            if len(mine) >= spare or self._complete:
+                break
+            self._rank(4 * self._size)
+        extra = np.bincount(mine[:spare], minlength=k).tolist()
+        # Added in task order, one by one, as the DP table adds them.
+        total = reduce(add, map(getitem, self._durations[:k], extra), 0.0)
+        return Arrangement(total=total, units=tuple(map(add, self._lows[:k], extra)))
+
+
+def _task_savings(options: _Options) -> _Floats | None:
+    """One task's marginal savings (duration at u units less at u + 1), or None unless it takes
+    every count from its least to its most and no extra unit saves more than the one before:
+    `_convex_savings` for a single task."""
+    if options.high - options.low != len(options.units) - 1:
+        return None
+    gains = options.durations[:-1] - options.durations[1:]
+    return None if bool((gains[1:] > gains[:-1]).any()) else gains
 
 
 def _convex_savings(options: list[_Options]) -> tuple[_Floats, list[int]] | None:
@@ -428,7 +567,11 @@ def pack_chunks(
 
 
 def _validated_options(durations: Durations) -> list[_Options]:
-    """Each task's options, checked and sorted in one vectorised pass over all of them."""
+    """Each task's options, checked and sorted in one vectorised pass over all of them (or
+    taken as they are from `UnitDurations`, checked when built)."""
+    tables = [t for t in durations if isinstance(t, UnitDurations)]
+    if tables and len(tables) == len(durations):
+        return [t._options for t in tables]
     sizes = [len(task) for task in durations]
     if 0 in sizes:
         raise ConfigError(f"task {sizes.index(0)} lists no unit counts to choose from")
@@ -460,6 +603,26 @@ def _validated_options(durations: Durations) -> list[_Options]:
         _Options(ks[a:b], ds[a:b], low, high)
         for a, b, low, high in zip(starts.tolist(), ends.tolist(), lows, highs, strict=True)
     ]
+
+
+def _plain_options(durations: Mapping[int, float]) -> _Options | None:
+    """One task's options when its counts are ints >= 1 and its durations finite floats >= 0
+    (what `_validated_options` accepts, checked without its vectorised set-up, which costs more
+    than the check for one task); None for anything else, including any bad option."""
+    ks, ds = list(durations), list(durations.values())
+    if not ks or set(map(type, ks)) != {int} or set(map(type, ds)) != {float}:
+        return None
+    if not (sum(ds) < math.inf and min(ds) >= 0.0):  # a NaN or inf makes the sum fail
+        return None
+    if ks != sorted(ks):
+        order = sorted(range(len(ks)), key=ks.__getitem__)
+        ks, ds = [ks[i] for i in order], [ds[i] for i in order]
+    if ks[0] < 1 or ks[-1] > _INT64_MAX:
+        return None
+    return _Options(np.array(ks, dtype=np.int64), np.array(ds), ks[0], ks[-1])
+
+
+_INT64_MAX = int(np.iinfo(np.int64).max)
 
 
 def _invalid_options(durations: Durations) -> ConfigError:

@@ -13,12 +13,14 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from itertools import islice
+from operator import attrgetter
 
 from loom.actions.managers.base import Grant, Ledger, ResourceManager
 from loom.actions.policy import ACTION_POLICIES, ActionPolicyKind, Start
-from loom.actions.tangram.arrange import Arrangement
+from loom.actions.tangram.arrange import Arrangement, UnitDurations
 from loom.core.actions import ActionSpec
 from loom.core.errors import ConfigError
 
@@ -48,7 +50,7 @@ class TangramConfig:
             raise ConfigError(f"fixed_units must be >= 1, got {self.fixed_units}")
 
 
-@dataclass
+@dataclass(slots=True)
 class _Running:
     action: ActionSpec
     grants: tuple[Grant, ...]
@@ -56,12 +58,31 @@ class _Running:
     end_s: float  # expected
 
 
-@dataclass
-class _Candidate:
+@dataclass(slots=True, eq=False)
+class _Queued:
+    """A queued action and what the scheduler derives from it once, at submission."""
+
     action: ActionSpec
+    km: ResourceManager  # the manager of its key resource
+    others: tuple[tuple[ResourceManager, int], ...]  # other managers it touches, least units
+    durs: dict[int, float]  # getDur(m) for every feasible m of the key resource, ascending
+    units: int  # what a pass first gives it: its least (dop-k: the most up to k)
+    top: int  # its most
+    scalable: bool  # DPArrange splits units among such candidates
+    head: list[float]  # durations at its first `depth` counts (one if not scalable)
+    table: UnitDurations | None = None  # `durs` checked for DPArrange (scalable ones)
+
+
+@dataclass(slots=True, eq=False)
+class _Candidate:
+    q: _Queued
     order: int
-    domains: dict[str, str]  # manager -> domain
+    domain: str  # of the key manager
+    other_domains: tuple[str, ...]  # of `q.others`, in their order
     units: int
+
+
+_BY_ORDER, _BY_UNITS = attrgetter("order"), attrgetter("units")
 
 
 class ElasticScheduler:
@@ -76,13 +97,10 @@ class ElasticScheduler:
         if len(set(names)) != len(names):
             raise ConfigError(f"duplicate manager names: {names}")
         self.managers = list(managers)
+        self._by_name = {m.name: m for m in self.managers}
         self.config = config or TangramConfig()
-        self._queue: dict[str, ActionSpec] = {}
+        self._queue: dict[str, _Queued] = {}
         self._running: dict[str, _Running] = {}
-        # getDur(m) for every feasible m, computed once at submission (the formulation step).
-        self._durs: dict[str, dict[int, float]] = {}
-        # Each queued action's managers, key manager first (fixed at submission).
-        self._mgrs: dict[str, list[ResourceManager]] = {}
         self.decisions = 0
 
     # -- ActionPolicy ----------------------------------------------------------------------
@@ -100,27 +118,47 @@ class ElasticScheduler:
     def submit(self, action: ActionSpec, now: float) -> None:
         if action.action_id in self._queue or action.action_id in self._running:
             raise ConfigError(f"action id {action.action_id!r} is already queued or running")
-        for m in self._managers_of(action):
+        mgrs = self._managers_of(action)
+        for m in mgrs:
             m.validate(action)
-        km = self._key_manager(action)
-        # Ascending unit counts: the first key is the minimum.
-        units = sorted(km.options(action))
-        self._durs[action.action_id] = {u: action.duration_s(u) for u in units}
-        self._mgrs[action.action_id] = self._managers_of(action)
-        self._queue[action.action_id] = action
+        km, others = mgrs[0], []
+        for m in mgrs[1:]:
+            opts = m.options(action)
+            if not opts:
+                raise ConfigError(f"action {action.action_id!r} can take no units of {m.name}")
+            others.append((m, opts[0]))
+        # getDur(m) for every feasible m, computed once (the formulation step); ascending, so
+        # the first key is the minimum.
+        durs = {u: action.duration_s(u) for u in sorted(km.options(action))}
+        if not durs:
+            raise ConfigError(f"action {action.action_id!r} can take no units of {km.name}")
+        first, k = next(iter(durs)), self.config.fixed_units
+        if k is not None and action.elastic:
+            first = max((u for u in durs if u <= k), default=first)
+        scalable = (
+            k is None
+            and action.elastic
+            and action.elasticity is not None
+            and action.t_ori_s > 0
+            and len(durs) > 1
+        )
+        head = list(islice(durs.values(), self.config.depth if scalable else 1))
+        top = next(reversed(durs))
+        q = _Queued(action, km, tuple(others), durs, first, top, scalable, head)
+        if scalable:  # DPArrange's view of it, checked now rather than on every pass
+            with suppress(ConfigError):  # a bad duration is reported by the pass, as before
+                q.table = UnitDurations(durs)
+        self._queue[action.action_id] = q
 
     def cancel(self, action_id: str) -> bool:
-        self._durs.pop(action_id, None)
-        self._mgrs.pop(action_id, None)
         return self._queue.pop(action_id, None) is not None
 
     def finish(self, action_id: str, now: float) -> None:
         run = self._running.pop(action_id, None)
         if run is None:
             raise ConfigError(f"action {action_id!r} is not running")
-        by_name = {m.name: m for m in self.managers}
         for g in run.grants:
-            by_name[g.manager].release(run.action, g, now)
+            self._by_name[g.manager].release(run.action, g, now)
 
     def end_trajectory(self, trajectory_id: str, now: float) -> None:
         for m in self.managers:
@@ -141,11 +179,9 @@ class ElasticScheduler:
     def plan(self, now: float) -> list[tuple[str, int, str]]:
         """What a pass would start now, without starting it: (action id, units of its key
         resource, key domain) per action; the decision of `schedule` before allocation."""
-        out = []
-        for c in self._decide(now) if self._queue else []:
-            km = self._mgrs[c.action.action_id][0]
-            out.append((c.action.action_id, c.units, c.domains[km.name]))
-        return out
+        if not self._queue:
+            return []
+        return [(c.q.action.action_id, c.units, c.domain) for c in self._decide(now)]
 
     def _decide(self, now: float) -> list[_Candidate]:
         ledgers = {m.name: m.ledger(now) for m in self.managers}
@@ -153,8 +189,12 @@ class ElasticScheduler:
         selected: list[_Candidate] = []
         groups: dict[tuple[str, str], list[_Candidate]] = {}
         for c in cands:
-            km = self._mgrs[c.action.action_id][0]
-            groups.setdefault((km.name, c.domains[km.name]), []).append(c)
+            key = (c.q.km.name, c.domain)
+            members = groups.get(key)
+            if members is None:
+                groups[key] = [c]
+            else:
+                members.append(c)
         for (mname, domain), members in groups.items():
             selected += self._elastic(mname, domain, members, ledgers[mname], cands, now)
         return selected
@@ -163,45 +203,33 @@ class ElasticScheduler:
     def _candidates(self, ledgers: Mapping[str, Ledger]) -> list[_Candidate]:
         out: list[_Candidate] = []
         blocked: set[tuple[str, str | None]] = set()
-        for order, a in enumerate(self._queue.values()):
-            mgrs = self._mgrs[a.action_id]
-            km = mgrs[0]
+        for order, q in enumerate(self._queue.values()):
+            a, km = q.action, q.km
             lane = (km.name, km.pinned_domain(a))
             if lane in blocked:
                 continue
-            units = self._initial_units(a, km)
-            taken: list[tuple[ResourceManager, str, int]] = []
-            for m in mgrs:
-                u = units if m is km else m.options(a)[0]
-                d = ledgers[m.name].take(a, u)
-                if d is None:
-                    break
-                taken.append((m, d, u))
-            else:
-                out.append(_Candidate(a, order, {m.name: d for m, d, _ in taken}, units))
+            key_ledger = ledgers[km.name]
+            d = key_ledger.take(a, q.units)
+            if d is not None and not q.others:
+                out.append(_Candidate(q, order, d, (), q.units))
                 continue
-            for m, d, u in reversed(taken):
-                ledgers[m.name].give(a, d, u, full=True)
+            if d is not None:
+                taken: list[tuple[Ledger, str, int]] = []
+                for m, u in q.others:
+                    od = ledgers[m.name].take(a, u)
+                    if od is None:
+                        break
+                    taken.append((ledgers[m.name], od, u))
+                else:
+                    out.append(_Candidate(q, order, d, tuple(t[1] for t in taken), q.units))
+                    continue
+                for ledger, od, u in reversed(taken):
+                    ledger.give(a, od, u, full=True)
+                key_ledger.give(a, d, q.units, full=True)
             blocked.add(lane)  # FCFS: nothing behind it in its lane jumps ahead
         return out
 
-    def _initial_units(self, a: ActionSpec, km: ResourceManager) -> int:
-        opts = self._durs[a.action_id]  # ascending
-        k = self.config.fixed_units
-        if k is not None and a.elastic:
-            return max((u for u in opts if u <= k), default=next(iter(opts)))
-        return next(iter(opts))
-
     # -- phase 2: greedy eviction per (key resource, domain) -------------------------------
-    def _scalable(self, a: ActionSpec, km: ResourceManager) -> bool:
-        return (
-            self.config.fixed_units is None
-            and a.elastic
-            and a.elasticity is not None
-            and a.t_ori_s > 0
-            and len(self._durs[a.action_id]) > 1
-        )
-
     def _elastic(
         self,
         mname: str,
@@ -211,52 +239,45 @@ class ElasticScheduler:
         cands: list[_Candidate],
         now: float,
     ) -> list[_Candidate]:
-        km = next(m for m in self.managers if m.name == mname)
-        scal: list[_Candidate] = []
-        fixed: list[_Candidate] = []
-        for c in members:
-            (scal if self._scalable(c.action, km) else fixed).append(c)
+        km = self._by_name[mname]
+        scal = [c for c in members if c.q.scalable]
         if not scal:  # Line 5-6: unknown or zero elasticity: minimum units, all selected
             return members
+        fixed = [c for c in members if not c.q.scalable]
         for c in scal:  # their minimum units return to the pool the DP splits
-            ledger.give(c.action, domain, c.units)
+            ledger.give(c.q.action, domain, c.units)
         cap = ledger.free_units(domain)
-        running = [
-            max(r.end_s - now, 0.0) for r in self._running.values() if r.group == (mname, domain)
-        ]
-        taken = {c.action.action_id for c in cands}
-        remaining = list(
-            islice(
-                (
-                    a
-                    for a in self._queue.values()
-                    if a.action_id not in taken
-                    and self._mgrs[a.action_id][0] is km
-                    and km.pinned_domain(a) in (None, domain)
-                ),
-                self.config.lookahead,
-            )
+        group = (mname, domain)
+        running = [max(r.end_s - now, 0.0) for r in self._running.values() if r.group == group]
+        remaining: list[_Queued] = []
+        if self.config.lookahead:
+            taken = {c.q.action.action_id for c in cands}
+            for aid, q in self._queue.items():
+                if aid not in taken and q.km is km and km.pinned_domain(q.action) in (None, domain):
+                    remaining.append(q)
+                    if len(remaining) == self.config.lookahead:
+                        break
+
+        # Durations at the least units (`head` starts at them).
+        base = [q.head[0] for q in remaining]
+        scal_min = [c.q.head[0] for c in scal]
+        scal_durs = [c.q.durs for c in scal]
+        arrange = ledger.prefixes(
+            domain,
+            [
+                c.q.table if c.q.table is not None and c.q.top <= cap else _options(c.q, cap)
+                for c in scal
+            ],
         )
-
-        options = [self._options(c.action, km, cap) for c in scal]
-        # Durations at the first `depth` unit counts of each action that may head the rest.
-        first_cost = {id(c.action): self._head_choices(c.action, True) for c in scal}
-        if remaining:
-            head = remaining[0]
-            first_cost[id(head)] = self._head_choices(head, self._scalable(head, km))
-        base = [self._min_duration(a, km) for a in remaining]
-        scal_min = [self._min_duration(c.action, km) for c in scal]
-
-        arrange = ledger.prefixes(domain, options)
 
         def objective(k: int) -> tuple[float, Arrangement | None]:
             arr = arrange(k)
             if arr is None:
                 return math.inf, None
-            heap = running + [options[i][u] for i, u in enumerate(arr.units)]
+            heap = running + [d[u] for d, u in zip(scal_durs, arr.units, strict=False)]
             heap += [0.0] * min(cap - sum(arr.units), len(remaining) + len(scal) - k)
             rest = scal_min[k:] + base
-            head = first_cost[id(scal[k].action if k < len(scal) else remaining[0])] if rest else []
+            head = (scal[k].q if k < len(scal) else remaining[0]).head if rest else []
             return arr.total + _estimate(heap, head, rest), arr
 
         obj, best = objective(len(scal))
@@ -274,46 +295,35 @@ class ElasticScheduler:
             c.units = u
         return fixed + scal[:k]
 
-    def _options(self, a: ActionSpec, km: ResourceManager, cap: int) -> dict[int, float]:
-        durs = self._durs[a.action_id]
-        return durs if next(reversed(durs)) <= cap else {u: d for u, d in durs.items() if u <= cap}
-
-    def _min_duration(self, a: ActionSpec, km: ResourceManager) -> float:
-        return next(iter(self._durs[a.action_id].values()))  # ascending units
-
-    def _head_choices(self, a: ActionSpec, scalable: bool) -> list[float]:
-        durs = self._durs[a.action_id].values()
-        return list(islice(durs, self.config.depth if scalable else 1))
-
     # -- phase 3: concrete allocation ------------------------------------------------------
     def _start(self, selected: list[_Candidate], now: float) -> list[Start]:
         out: list[Start] = []
         # Largest first within a domain: exact for power-of-two chunks (see GPU manager).
-        for c in sorted(selected, key=lambda c: (-c.units, c.order)):
-            a = c.action
-            mgrs = self._mgrs.pop(a.action_id)
-            km = mgrs[0]
-            grants = tuple(
-                m.allocate(a, c.units if m is km else m.options(a)[0], c.domains[m.name], now)
-                for m in mgrs
-            )
-            overhead = max((g.overhead_s for g in grants), default=0.0)
-            expected = self._durs.pop(a.action_id)[c.units]
-            domain = c.domains[km.name]
+        # Two stable sorts with C-level keys: by order, then by units descending (`reverse`
+        # keeps equal keys in order), i.e. by (-units, order).
+        ordered = sorted(selected, key=_BY_ORDER)
+        ordered.sort(key=_BY_UNITS, reverse=True)
+        for c in ordered:
+            q = c.q
+            a, km, units, domain = q.action, q.km, c.units, c.domain
+            grant = km.allocate(a, units, domain, now)
+            if q.others:
+                grants: tuple[Grant, ...] = (
+                    grant,
+                    *(
+                        m.allocate(a, u, d, now)
+                        for (m, u), d in zip(q.others, c.other_domains, strict=True)
+                    ),
+                )
+                overhead = max(g.overhead_s for g in grants)
+            else:
+                grants, overhead = (grant,), grant.overhead_s
+            expected = q.durs[units]
             del self._queue[a.action_id]
             self._running[a.action_id] = _Running(
                 a, grants, (km.name, domain), now + overhead + expected
             )
-            out.append(
-                Start(
-                    action=a,
-                    units=c.units,
-                    domain=domain,
-                    grants=grants,
-                    overhead_s=overhead,
-                    expected_s=expected,
-                )
-            )
+            out.append(Start.fast(a, units, domain, grants, overhead, expected))
         return out
 
     # -- helpers ---------------------------------------------------------------------------
@@ -351,6 +361,14 @@ def dop16(managers: Sequence[ResourceManager]) -> ElasticScheduler:
     return ElasticScheduler(managers, TangramConfig(fixed_units=16))
 
 
+def _options(q: _Queued, cap: int) -> Mapping[int, float]:
+    """The action's durations at counts up to `cap`, as DPArrange takes them: its checked
+    table (cut when `cap` is below its most), or a plain mapping when the check failed, so
+    that DPArrange reports the bad option as it would for any input."""
+    cut = None if q.table is None else q.table.at_most(cap)
+    return {u: d for u, d in q.durs.items() if u <= cap} if cut is None else cut
+
+
 def _estimate(heap: list[float], head: list[float], durations: list[float]) -> float:
     """Algorithm 2's ESTIMATE: each remaining action starts when the earliest slot of the
     completion heap frees; the first one tries each of its `depth` allocations (`head`)."""
@@ -358,13 +376,21 @@ def _estimate(heap: list[float], head: list[float], durations: list[float]) -> f
         return 0.0
     best = math.inf
     base = sorted(heap)  # a sorted list is a valid heap
+    rest = durations[1:]
     for first in head:
         h = list(base)
-        total = 0.0
-        for i, dur in enumerate(durations):
-            ts = heapq.heappop(h) if h else 0.0
-            end = ts + (first if i == 0 else dur)
+        # The earliest slot frees at h[0] (or 0.0 with none); the slot then ends at `end`.
+        # Replacing the least in place pops and pushes at once, with the same values.
+        end = 0.0 + first
+        if h:
+            end = h[0] + first
+            heapq.heapreplace(h, end)
+        else:
+            h.append(end)
+        total = 0.0 + end
+        for dur in rest:  # the heap is never empty from here on
+            end = h[0] + dur
+            heapq.heapreplace(h, end)
             total += end
-            heapq.heappush(h, end)
         best = min(best, total)
     return best
