@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 from collections.abc import Callable, Collection, Mapping, Sequence
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -20,7 +22,7 @@ from loom.actions.tangram import (
     free_blocks,
     pack_chunks,
 )
-from loom.actions.tangram.arrange import PrefixArrangements
+from loom.actions.tangram.arrange import PrefixArrangements, UnitDurations
 from loom.core.errors import ConfigError
 
 Task = dict[int, float]
@@ -432,3 +434,91 @@ def test_convex_savings_take_the_greedy_path_and_others_the_table() -> None:
     gappy = [*amdahl, {1: 5.0, 4: 2.0}]
     assert PrefixArrangements(gappy, 64)._savings is None
     assert PrefixArrangements(bumpy, 64).total(9) == dp_arrange(bumpy, 64).total
+
+
+# ---- per-task tables checked once (the scheduler's cache) ----------------------------------
+
+
+def _reference_greedy(durations: list[Task], budget: int, k: int) -> Arrangement | None:
+    """The greedy path written out: every positive marginal saving of the first k tasks,
+    ranked by size (ties: earlier task, then fewer units), the first `spare` of them taken,
+    the chosen durations added in task order."""
+    tasks = durations[:k]
+    spare = budget - sum(min(t) for t in tasks)
+    if spare < 0:
+        return None
+    ranked = sorted(
+        (-(t[u] - t[u + 1]), i, u)
+        for i, t in enumerate(tasks)
+        for u in sorted(t)[:-1]
+        if u + 1 <= budget and t[u] - t[u + 1] > 0
+    )
+    units = [min(t) for t in tasks]
+    for _, i, _ in ranked[:spare]:
+        units[i] += 1
+    return Arrangement(total=chosen_total(tasks, units), units=tuple(units))
+
+
+@st.composite
+def _amdahl_tasks(draw: st.DrawFn) -> tuple[list[Task], int]:
+    """Convex tasks from a seed (random floats, so no two savings tie by accident), many of
+    them with long ranges, and a budget from tight to loose: the greedy path's head of ranked
+    savings must grow for some prefixes and not for others."""
+    rng = random.Random(draw(st.integers(0, 2**32 - 1)))
+    n = draw(st.integers(1, 90))
+    tasks = []
+    for _ in range(n):
+        low, high = rng.randint(1, 3), rng.randint(1, 32)
+        t, p, c = rng.lognormvariate(1.0, 1.0), rng.uniform(0.3, 1.0), rng.uniform(0, 0.02)
+        tasks.append({m: t * (p / m + 1 - p) + c * t * m for m in range(low, low + high)})
+    floor = sum(min(t) for t in tasks)
+    return tasks, floor + draw(st.integers(0, 3 * n))
+
+
+@settings(max_examples=80, deadline=None)
+@given(_amdahl_tasks())
+def test_greedy_prefixes_match_the_written_out_greedy(case: tuple[list[Task], int]) -> None:
+    durations, budget = case
+    tables = [UnitDurations(t) for t in durations]
+    cached, plain = PrefixArrangements(tables, budget), PrefixArrangements(durations, budget)
+    assert cached._savings is not None and plain._savings is not None
+    for k in range(len(durations), -1, -1):  # the scheduler's order: evict from the back
+        want = _reference_greedy(durations, budget, k) if k else Arrangement(total=0.0, units=())
+        assert cached.arrangement(k) == plain.arrangement(k) == want
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.booleans().flatmap(_range_tasks), st.integers(0, 30))
+def test_unit_durations_arrange_as_plain_mappings(durations: list[Task], budget: int) -> None:
+    tables = [UnitDurations(t) for t in durations]
+    assert [dict(t) for t in tables] == [dict(sorted(t.items())) for t in durations]
+    cached, plain = PrefixArrangements(tables, budget), PrefixArrangements(durations, budget)
+    assert (cached._savings is None) == (plain._savings is None)
+    for k in range(len(durations) + 1):
+        assert cached.arrangement(k) == plain.arrangement(k)
+        assert cached.total(k) == plain.total(k)
+    assert dp_arrange(tables, budget) == dp_arrange(durations, budget)
+
+
+def test_unit_durations_cut_and_check_like_the_general_path() -> None:
+    table = UnitDurations({3: 1.0, 1: 3.0, 2: 2.0})
+    assert list(table) == [1, 2, 3] and table[2] == 2.0 and len(table) == 3
+    assert (table.low, table.high) == (1, 3)
+    assert table.at_most(5) is table and table.at_most(0) is None
+    cut = table.at_most(2)
+    assert cut is not None and dict(cut) == {1: 3.0, 2: 2.0} and cut._gains is not None
+    assert list(cut._gains) == [1.0]
+    assert UnitDurations({1: 5.0, 2: 4.9, 3: 1.0})._gains is None  # savings grow: table
+    assert UnitDurations({1: 5.0, 4: 2.0})._gains is None  # a gap: table
+    assert dict(UnitDurations({np.int64(2): np.float64(1.5)})) == {2: 1.5}  # general path
+    for bad, message in [
+        ({1: -1.0}, "finite and >= 0"),
+        ({1: math.nan}, "finite and >= 0"),
+        ({1: math.inf}, "finite and >= 0"),
+        ({0: 1.0}, "integers >= 1"),
+        ({True: 1.0}, "integers >= 1"),
+        ({1.5: 1.0}, "integers >= 1"),
+        ({}, "lists no unit counts"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            UnitDurations(bad)

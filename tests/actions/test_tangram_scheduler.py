@@ -3,6 +3,13 @@ minimum units for unknown elasticity, fixed-DoP baselines, and greedy eviction."
 
 from __future__ import annotations
 
+import dataclasses
+import heapq
+import math
+import random
+from contextlib import AbstractContextManager
+from unittest.mock import patch
+
 import pytest
 from action_factories import (
     api_action,
@@ -15,7 +22,10 @@ from action_factories import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from loom.actions.managers.base import Grant, Ledger
+from loom.actions.managers.cpu import _CpuLedger
 from loom.actions.policy import ACTION_POLICIES, Start
+from loom.actions.tangram.arrange import dp_arrange
 from loom.actions.tangram.scheduler import ElasticScheduler, TangramConfig
 from loom.core.actions import ActionSpec
 from loom.core.errors import ConfigError
@@ -169,3 +179,206 @@ def test_bad_submissions_raise() -> None:
     with pytest.raises(ConfigError, match="not running"):
         sched.finish("c0", 1.0)
     assert sched.cancel("c0") and not sched.cancel("c0")
+
+
+# ---- the cached fast path against the straightforward one ----------------------------------
+
+
+class _Straightforward(ElasticScheduler):
+    """The reference path: no per-action table (DPArrange re-checks plain mappings on every
+    pass) and, with `_plain_dp`, every eviction prefix solved by its own full DP table."""
+
+    def submit(self, action: ActionSpec, now: float) -> None:
+        super().submit(action, now)
+        self._queue[action.action_id].table = None
+
+
+def _plain_dp() -> AbstractContextManager[object]:
+    return patch.object(_CpuLedger, "prefixes", Ledger.prefixes)
+
+
+def _seeded_actions(seed: int) -> list[ActionSpec]:
+    """CPU actions over shared trajectories (lanes, pins, memory), some with unknown or
+    non-convex elasticity, among GPU and API ones; random floats, so no decision is a tie."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(rng.randint(1, 40)):
+        roll = rng.random()
+        if roll < 0.75:
+            lo = rng.randint(1, 3)
+            hi = lo + rng.randint(0, 16)
+            a = cpu_action(
+                i,
+                traj=f"t{rng.randint(0, 5)}",
+                lo=lo,
+                hi=hi,
+                t=rng.lognormvariate(2.0, 1.0),
+                p=None if roll < 0.08 else rng.uniform(0.2, 1.0),
+                mem=rng.choice([0, 0, 2]),
+            )
+            if roll > 0.65:  # a bumpy speedup: savings that grow, so DPArrange's table
+                bumpy = {m: rng.uniform(0.3, 1.0) for m in range(lo, hi + 1)}
+                a = dataclasses.replace(a, elasticity=bumpy)
+            out.append(a)
+        elif roll < 0.9:
+            out.append(gpu_action(i, "judge", dops=rng.choice([(1, 2, 4, 8), (2, 4), (1,)])))
+        else:
+            out.append(api_action(i))
+    return out
+
+
+def _passes(sched: ElasticScheduler, actions: list[ActionSpec]) -> list:
+    """Drain on expected durations; each pass's plan must be what it then starts."""
+    for a in actions:
+        sched.submit(a, 0.0)
+    now, log, running = 0.0, [], {}
+    for _ in range(10 * len(actions) + 10):
+        plan = sched.plan(now)
+        starts = sched.schedule(now)
+        assert sorted(plan) == sorted((s.action.action_id, s.units, s.domain) for s in starts)
+        for s in starts:
+            running[s.action.action_id] = now + s.overhead_s + s.expected_s
+            log.append((now, s.action.action_id, s.units, s.domain, s.cores, s.gpus))
+        if not running:
+            if sched.queued == 0:
+                break
+            wake = sched.next_wakeup(now)
+            assert wake is not None
+            now = wake
+            continue
+        aid = min(running, key=lambda k: (running[k], k))
+        now = running.pop(aid)
+        sched.finish(aid, now)
+    assert sched.queued == 0
+    return log
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.sampled_from([1, 2, 4]))
+def test_fast_path_decides_as_the_straightforward_path(seed: int, cpu_nodes: int) -> None:
+    def mgrs() -> list:
+        return [
+            cpu_manager(cores=32 // cpu_nodes, nodes=cpu_nodes),
+            gpu_manager(),
+            basic_manager(concurrency=2, quota=5),
+        ]
+
+    fast = _passes(ElasticScheduler(mgrs()), _seeded_actions(seed))
+    with _plain_dp():
+        assert _passes(_Straightforward(mgrs()), _seeded_actions(seed)) == fast
+
+
+def _written_out_plan(actions: list[ActionSpec], cores: int, depth: int = 2) -> list:
+    """Algorithm 1 on one idle node, recomputing everything: the FCFS prefix at minimum units,
+    DPArrange's full table for each eviction prefix, ESTIMATE with pop and push (every action
+    its own trajectory, no memory, default lookahead)."""
+    durs = {a.action_id: {u: a.duration_s(u) for u in a.demand["cpu"].values()} for a in actions}
+    least = {a.action_id: a.demand["cpu"].minimum for a in actions}
+    cands, free = [], cores
+    for a in actions:
+        if least[a.action_id] > free:
+            break
+        cands.append(a)
+        free -= least[a.action_id]
+
+    def scalable(a: ActionSpec) -> bool:
+        return a.elasticity is not None and len(durs[a.action_id]) > 1
+
+    scal = [a for a in cands if scalable(a)]
+    fixed = [(a.action_id, least[a.action_id], "n0") for a in cands if not scalable(a)]
+    if not scal:
+        return fixed
+    cap = cores - sum(units for _, units, _ in fixed)
+    remaining = actions[len(cands) :][:128]
+    opts = [{u: d for u, d in durs[a.action_id].items() if u <= cap} for a in scal]
+
+    def first(a: ActionSpec) -> float:
+        return durs[a.action_id][least[a.action_id]]
+
+    def estimate(heap: list[float], head: list[float], rest: list[float]) -> float:
+        best = math.inf
+        for lead in head:
+            h = sorted(heap)
+            total = 0.0
+            for i, dur in enumerate(rest):
+                end = (heapq.heappop(h) if h else 0.0) + (lead if i == 0 else dur)
+                total += end
+                heapq.heappush(h, end)
+            best = min(best, total)
+        return best if rest else 0.0
+
+    def objective(k: int) -> tuple[float, tuple[int, ...]]:
+        arr = dp_arrange(opts[:k], cap)
+        assert arr is not None
+        heap = [opts[i][u] for i, u in enumerate(arr.units)]
+        heap += [0.0] * min(cap - sum(arr.units), len(remaining) + len(scal) - k)
+        rest = [first(a) for a in scal[k:] + remaining]
+        head: list[float] = []
+        if rest:
+            nxt = (scal[k:] + remaining)[0]
+            head = list(durs[nxt.action_id].values())[: depth if scalable(nxt) else 1]
+        return arr.total + estimate(heap, head, rest), arr.units
+
+    (obj, best), k = objective(len(scal)), len(scal)
+    for t in range(1, len(scal)):
+        new, units = objective(len(scal) - t)
+        if new >= obj:
+            break
+        obj, best, k = new, units, len(scal) - t
+    return fixed + [(a.action_id, u, "n0") for a, u in zip(scal[:k], best, strict=True)]
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 80), st.integers(0, 60))
+def test_fast_plan_matches_on_one_big_node(seed: int, n: int, behind: int) -> None:
+    """The benchmark's shape, smaller: many candidates over one node (a few with unknown
+    elasticity or one unit count) and a queue behind them: the fast path, the straightforward
+    path and Algorithm 1 written out plan the same."""
+    rng = random.Random(seed)
+    actions = [
+        cpu_action(
+            i,
+            lo=rng.randint(1, 2),
+            hi=rng.randint(2, 32),
+            t=rng.lognormvariate(3.0, 1.0),
+            p=None if rng.random() < 0.05 else rng.uniform(0.8, 0.99),
+        )
+        for i in range(n + behind)
+    ]
+    fast = ElasticScheduler([cpu_manager(cores=64)])
+    slow = _Straightforward([cpu_manager(cores=64)])
+    for a in actions:
+        fast.submit(a, 0.0)
+        slow.submit(a, 0.0)
+    want = sorted(_written_out_plan(actions, 64))
+    assert sorted(fast.plan(0.0)) == want
+    with _plain_dp():
+        assert sorted(slow.plan(0.0)) == want
+    assert sorted((s.action.action_id, s.units, s.domain) for s in fast.schedule(0.0)) == want
+
+
+def test_grant_and_start_fast_build_the_same_objects() -> None:
+    grant = Grant(action_id="c0", manager="cpu", domain="n0", units=2, cores=(4, 5))
+    fast = Grant.fast("c0", "cpu", "n0", 2, (4, 5))
+    assert fast == grant and hash(fast) == hash(grant) and vars(fast) == vars(grant)
+    assert list(vars(fast)) == [f.name for f in dataclasses.fields(Grant)]
+    action = cpu_action(0)
+    start = Start(
+        action=action, units=2, domain="n0", grants=(grant,), overhead_s=0.5, expected_s=3.0
+    )
+    fast_start = Start.fast(action, 2, "n0", (fast,), 0.5, 3.0)
+    assert fast_start == start and vars(fast_start) == vars(start)
+    assert list(vars(fast_start)) == [f.name for f in dataclasses.fields(Start)]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.units = 3  # type: ignore[misc]
+
+
+def test_submission_caches_the_key_resource_table() -> None:
+    sched = ElasticScheduler([cpu_manager(cores=16)])
+    sched.submit(cpu_action(0, lo=2, hi=6, t=12.0, p=0.9), 0.0)
+    sched.submit(cpu_action(1, lo=2, hi=6, p=None), 0.0)
+    scalable, unknown = sched._queue["c0"], sched._queue["c1"]
+    assert scalable.table is not None and dict(scalable.table) == scalable.durs
+    assert list(scalable.durs) == [2, 3, 4, 5, 6]
+    assert scalable.durs[4] == scalable.action.duration_s(4)
+    assert unknown.table is None and not unknown.scalable  # never arranged

@@ -113,7 +113,9 @@ class UnitDurations(Mapping[int, float]):
             return None
         cut = UnitDurations.__new__(UnitDurations)
         kept = _at_most(o, limit)
-        cut._set(kept, None if self._gains is None else self._gains[: len(kept.units) - 1])
+        # A prefix of convex savings is convex; a cut may make other durations qualify.
+        gains = _task_savings(kept) if self._gains is None else self._gains[: len(kept.units) - 1]
+        cut._set(kept, gains)
         return cut
 
     def __getitem__(self, units: int) -> float:
