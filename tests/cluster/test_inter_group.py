@@ -1,14 +1,21 @@
 """Algorithm 1: never admits a layout breaking memory or a worst-case SLO; cheapest choice."""
 
+import dataclasses
+
+import pytest
 from factories import job
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from loom.cluster import CLUSTER_POLICIES, ClusterPolicyKind, PolicyConfig
+from loom.cluster.group import GroupLayout, Member
 from loom.cluster.optimal import OptimalScheduler, pinnings
 from loom.cluster.params import testbed as make_testbed
 from loom.cluster.rollmux.admission import check_layout, worst_case_periods
 from loom.cluster.rollmux.inter import RollMuxScheduler
+from loom.cluster.rollmux.placements import generate_placements
+from loom.cluster.schedule import run_round_robin, worst_case_times
+from loom.core.errors import ConfigError
 
 BED = make_testbed()
 
@@ -122,3 +129,91 @@ def test_opt_replans_on_arrivals_only_unless_asked():
     assert OptimalScheduler(cfg).regroup(plan.layouts, 2) is None
     again = OptimalScheduler(cfg, regroup_on_departure=True).regroup(plan.layouts, 2)
     assert again is not None and sum(len(g.members) for g in again.layouts) == 2
+
+
+def _simulated_period(layout, migration_s):
+    """Worst-case steady-state period by plain simulation, long enough to be periodic."""
+    n = len(layout.members)
+    if n == 1:
+        return layout.members[0].job.solo_s
+    sched = run_round_robin(layout, worst_case_times(layout, migration_s), 4 * n + 8, record=False)
+    return max(sched.period_s(i, 2 * n + 2) for i in range(n))
+
+
+@st.composite
+def layouts(draw, max_members=4):
+    n = draw(st.integers(1, max_members))
+    nodes = draw(st.integers(1, 3))
+    members = []
+    for i in range(n):
+        k = draw(st.integers(1, min(2, nodes)))
+        pinned = tuple(sorted(draw(st.permutations(range(nodes)))[:k]))
+        j = job(
+            f"j{i}",
+            draw(st.floats(20, 300)),
+            draw(st.floats(20, 300)),
+            nodes=k,
+            slo=draw(st.floats(1.0, 2.5)),
+            warm_s=draw(st.sampled_from([0.0, 1.0, 20.0])),
+        )
+        members.append(Member(job=j, nodes=pinned))
+    return GroupLayout(group_id=0, members=tuple(members), rollout_nodes=nodes, train_nodes=2)
+
+
+@settings(max_examples=300, deadline=None)
+@given(layouts(), st.sampled_from([0.0, 2.0]))
+def test_admission_shortcuts_are_exact(layout, migration_s):
+    """The lower-bound and Theorem 1 shortcuts of `check_layout` never decide otherwise than
+    simulating the worst-case round robin (a wrong lower bound rejects feasible layouts)."""
+    bound = min(m.job.slo_bound_s for m in layout.members)
+    period = _simulated_period(layout, migration_s)
+    assert check_layout(layout, 1e9, migration_s).ok == (period <= bound + 1e-9)
+
+
+def test_a_member_alone_on_its_rollout_nodes_pays_no_rollout_warm_start():
+    """Warm starts happen where a node last ran another job; alone on its node a member's
+    state stays loaded, so only its training (the pool alternates) pays one."""
+    a = job("a", 20, 20, warm_s=20.0)
+    b = job("b", 20, 20, warm_s=20.0)
+    layout = GroupLayout(
+        group_id=0,
+        members=(Member(job=a, nodes=(0,)), Member(job=b, nodes=(1,))),
+        rollout_nodes=2,
+        train_nodes=1,
+    )
+    period = _simulated_period(layout, 2.0)
+    assert period == pytest.approx(80.0)  # the training pool: 2 x (20 + 20 warm)
+    assert check_layout(layout, BED.host_memory_gb, 2.0).ok  # bound 2 x 40 = 80
+
+
+@settings(max_examples=200, deadline=None)
+@given(layouts(max_members=3), job_st, st.sampled_from([0.0, 2.0]))
+def test_slo_pruned_groups_have_no_feasible_placement(layout, spec, migration_s):
+    """The lossless line 4 (`rollmux_slo_prune`) only skips groups no placement of the new
+    job could join."""
+    assume(layout.slo_saturated)
+    (new,) = _jobs([spec])
+    new = dataclasses.replace(new, job_id="new")
+    for cand in generate_placements(layout, new, 1e9):
+        assert not check_layout(cand.layout, 1e9, migration_s).ok
+
+
+def test_a_group_past_its_natural_cycle_takes_jobs_only_under_slo_pruning():
+    """At SLO 2 a group whose training already fills its longest member's solo iteration has
+    slack: §4.2's line 4 prunes it (the job gets its own group), the lossless variant scales
+    its rollout instead and every member's period stays in SLO."""
+    cfg = PolicyConfig(bed=BED, migration_s=2.0)
+    pol = RollMuxScheduler(cfg)
+    a, b = job("a", 46, 206), job("b", 174, 47)
+    g = pol.on_arrival(a, (), 0).layout
+    g = pol.on_arrival(b, (g,), 1).layout
+    assert len(g.members) == 2 and g.saturated and not g.slo_saturated
+    assert pol.on_arrival(job("c", 122, 45), (g,), 1).new_group
+    p = RollMuxScheduler(cfg, prune="slo").on_arrival(job("c", 122, 45), (g,), 1)
+    assert not p.new_group and p.strategy == "scale"
+    assert worst_case_periods(p.layout, 2.0) <= min(m.job.slo_bound_s for m in p.layout.members)
+
+
+def test_unknown_prune_rule_is_rejected():
+    with pytest.raises(ConfigError, match="prune"):
+        RollMuxScheduler(PolicyConfig(bed=BED), prune="none")  # type: ignore[arg-type]

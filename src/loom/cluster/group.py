@@ -75,10 +75,27 @@ class GroupLayout:
         """T_G^cycle: the longest member's solo iteration time."""
         return max((m.job.solo_s for m in self.members), default=0.0)
 
+    @cached_property
+    def slo_cycle_s(self) -> float:
+        """The longest meta-iteration every member's SLO tolerates: min_k SLO_k x T_k^solo."""
+        return min((m.job.slo_bound_s for m in self.members), default=float("inf"))
+
     @property
     def saturated(self) -> bool:
-        """No slack left to absorb another job's phases (pruned by Algorithm 1, line 4)."""
+        """No slack left to absorb another job's phases (Algorithm 1, line 4): the busiest
+        node's work reaches the natural cycle, T_G^load >= T_G^cycle (§4.2, as the issue
+        states it)."""
         return self.load_s >= self.cycle_s
+
+    @property
+    def slo_saturated(self) -> bool:
+        """The lossless variant of line 4: the busiest node's work already exceeds the longest
+        meta-iteration every member's SLO tolerates, so every placement in the group breaks an
+        SLO (a member's period is at least the work of each node it uses, and a job only adds
+        work). NOTE: the natural-cycle test also prunes groups that could still take a job
+        within every SLO (SLO > 1 accepts a slower cycle), which the optimum packs; at SLO 2.0
+        that costs RollMux several percent against it (`rollmux_slo_prune` in fig14)."""
+        return self.load_s > self.slo_cycle_s + 1e-9
 
     @cached_property
     def node_rollout_mem_gb(self) -> tuple[float, ...]:

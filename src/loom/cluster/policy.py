@@ -31,6 +31,7 @@ __all__ = [
 
 class ClusterPolicyKind(StrEnum):
     ROLLMUX = "rollmux"
+    ROLLMUX_SLO_PRUNE = "rollmux_slo_prune"  # line 4 prunes only groups no job could join
     SOLO_D = "solo_d"
     VERL = "verl"
     GAVEL_PLUS = "gavel_plus"

@@ -33,7 +33,7 @@ from loom.sim.workloads.rl_jobs import (
 
 __all__ = ["plot", "run_experiments", "summary"]
 
-SCHED_POLICIES = ("rollmux", "random", "greedy", "opt")
+SCHED_POLICIES = ("rollmux", "rollmux_slo_prune", "random", "greedy", "opt")
 MICRO = {
     "temporal": ("type_a", "type_a"),
     "train": ("type_d", "type_d", "type_e"),

@@ -29,16 +29,29 @@ class Admission:
 
 
 def _effective(layout: GroupLayout, migration_s: float) -> tuple[float, float]:
-    """(T_load, T_cycle) with warm starts (and migration overhead) added to shared phases."""
-    shared = len(layout.members) > 1
-    extra = [(m.job.warm_s + migration_s) if shared else 0.0 for m in layout.members]
-    wt = [m.job.warm_s if shared else 0.0 for m in layout.members]
-    node = [0.0] * layout.rollout_nodes
-    for m, e in zip(layout.members, extra, strict=True):
+    """(T_load, T_cycle) with the overheads the round-robin pays in steady state: in a shared
+    group every training phase is a warm start (the pool alternates between members) and every
+    rollout pays the migration overhead; a rollout is a warm start only when one of its nodes
+    is shared, since a member alone on its nodes finds its own state still loaded there."""
+    if len(layout.members) == 1:
+        m = layout.members[0]
+        return max(m.job.roll_s, m.job.train_total_s), m.job.solo_s
+    users = [0] * layout.rollout_nodes
+    for m in layout.members:
         for n in m.nodes:
-            node[n] += m.job.roll_s + e
-    train = sum(m.job.train_total_s + w for m, w in zip(layout.members, wt, strict=True))
-    cycle = max(m.job.solo_s + e + w for m, e, w in zip(layout.members, extra, wt, strict=True))
+            users[n] += 1
+    node = [0.0] * layout.rollout_nodes
+    train = cycle = 0.0
+    for m in layout.members:
+        roll = (
+            m.job.roll_s
+            + migration_s
+            + (m.job.warm_s if any(users[n] > 1 for n in m.nodes) else 0.0)
+        )
+        for n in m.nodes:
+            node[n] += roll
+        train += m.job.train_total_s + m.job.warm_s
+        cycle = max(cycle, roll + m.job.train_total_s + m.job.warm_s)
     return max(train, max(node, default=0.0)), cycle
 
 

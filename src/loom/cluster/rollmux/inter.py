@@ -8,6 +8,7 @@ the minimum marginal cost wins, against an isolated group. Linear in the number 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 from loom.cluster.group import GroupLayout
 from loom.cluster.job import MuxJob
@@ -19,6 +20,7 @@ from loom.cluster.policy import (
 )
 from loom.cluster.rollmux.admission import check_layout
 from loom.cluster.rollmux.placements import can_join, generate_placements, isolated_layout
+from loom.core.errors import ConfigError
 
 __all__ = ["RollMuxScheduler"]
 
@@ -26,10 +28,17 @@ __all__ = ["RollMuxScheduler"]
 class RollMuxScheduler:
     """Algorithm 1. Ties in marginal cost keep the first placement found (line 13 updates the
     record only on a strictly lower cost): groups in the order given, which is creation order,
-    and inside a group the order of `generate_placements`."""
+    and inside a group the order of `generate_placements`.
 
-    def __init__(self, config: PolicyConfig) -> None:
+    `prune`: "cycle" skips groups with T_load >= T_cycle (§4.2, line 4); "slo" skips only
+    groups that no placement could join within every member's SLO (`GroupLayout.slo_saturated`).
+    """
+
+    def __init__(self, config: PolicyConfig, prune: Literal["cycle", "slo"] = "cycle") -> None:
+        if prune not in ("cycle", "slo"):
+            raise ConfigError(f"prune must be 'cycle' or 'slo', got {prune!r}")
         self.config = config
+        self.prune = prune
         self.evaluated = 0  # candidate layouts checked, for the decision-latency benchmark
 
     def on_arrival(
@@ -40,7 +49,8 @@ class RollMuxScheduler:
         best_delta = float("inf")
         node_price = bed.rollout_node_price_h
         for group in groups:
-            if group.saturated or not can_join(group, job, self.config.max_group_size, host):
+            full = group.saturated if self.prune == "cycle" else group.slo_saturated
+            if full or not can_join(group, job, self.config.max_group_size, host):
                 continue
             for cand in generate_placements(group, job, host):
                 delta = cand.new_rollout_nodes * node_price
@@ -67,3 +77,6 @@ class RollMuxScheduler:
 
 
 CLUSTER_POLICIES.add(ClusterPolicyKind.ROLLMUX, RollMuxScheduler)
+CLUSTER_POLICIES.add(
+    ClusterPolicyKind.ROLLMUX_SLO_PRUNE, lambda config: RollMuxScheduler(config, prune="slo")
+)
