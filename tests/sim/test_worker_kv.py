@@ -173,3 +173,24 @@ def test_pps_preempts_only_when_the_victims_kv_can_be_persisted(capacity):
     else:
         assert res.preemptions == 1 and res.finish_s[1] < res.finish_s[0]
     assert sim.workers[0].peak_used <= capacity
+
+
+def test_a_preempted_turn_requeued_ahead_of_the_head_is_not_lost():
+    # Keys may change between admission and preemption (here: a started trajectory ranks
+    # higher). B outranks A's admission key and preempts it at the running limit; A re-queues
+    # under its new key, ahead of B. Admission must read the queue head again rather than pop
+    # A's entry in B's name: both trajectories finish, each admitted turn exactly once.
+    class ResumeFirst(ProgressivePriorityScheduler):
+        def key(self, t, now):  # a first turn that has run somewhere ranks first
+            return -float(t.predicted_total) - (1e9 if t.host >= 0 and t.steps_done == 0 else 0)
+
+    a = _traj(0, (100, 2000, None))
+    b = _traj(1, (100, 50, 0.0), (10, 50, None))
+    sched = ResumeFirst(plan_first=False)
+    preds = [(2000.0,), (3000.0, 3000.0)]
+    # B runs first; A is admitted during B's 0 s tool call. B's second turn outranks A's
+    # admission key and preempts it; A re-queues under its resumed key, ahead of B.
+    _, res = _run([a, b], sched, preds, 100_000, max_running=1, decode_reserve=0)
+    assert np.isfinite(res.finish_s).all()
+    assert res.output_tokens == 2000 + 100
+    assert res.preemptions >= 1

@@ -214,6 +214,7 @@ class Worker:
 
     # ---- internals ---------------------------------------------------------------------
     def _push_waiting(self, traj: TrajState) -> None:
+        assert traj.traj_id not in self._queued, f"worker {self.idx}: {traj.traj_id} queued twice"
         self._wseq += 1
         entry = (self.sched.key(traj, self.eng.now), self._wseq, traj)
         self.waiting.add(entry)
@@ -290,8 +291,10 @@ class Worker:
             key, _, traj = self.waiting[0]
             cached = self.idle.get(traj.traj_id, 0)
             need = traj.full_context() - cached
-            if len(self.running) >= self.max_running and not self._preempt_for(traj, key, need):
-                return
+            if len(self.running) >= self.max_running:
+                if not self._preempt_for(traj, key, need):
+                    return
+                continue  # the victim re-queues under its current key: read the head again
             # Room for the prompt plus decode headroom for everyone (SGLang-style reservation).
             # NOTE: as in SGLang, cached prefixes that could be evicted count as room, and only
             # the prompt's share is evicted now; the headroom is evicted as decoding fills it.
@@ -304,8 +307,7 @@ class Worker:
                 continue
             fitted = self._make_room(need, keep=traj.traj_id, rank=key)
             assert fitted, f"worker {self.idx}: room checked for trajectory {traj.traj_id}"
-            self.waiting.pop(0)
-            del self._queued[traj.traj_id]
+            self.waiting.remove(self._queued.pop(traj.traj_id))
             self.drop_idle(traj.traj_id)
             self.used += cached
             self.cached_hit_tokens += cached
