@@ -232,9 +232,11 @@ def one_cpu_action(i: int, threads: int, t: float, llm: float = 0.0) -> Trajecto
 def test_overcommitted_node_shares_its_cores() -> None:
     """Kubernetes pods overlap on one 2-core node: four one-thread actions of 10 s each take
     20 s by processor sharing, where exclusive cores would queue two of them."""
-    bed = cpu_testbed(1, node_cores=2, memory_gb=64.0)
+    bed = cpu_testbed(1, node_cores=2, memory_gb=64.0, action_overhead_s=0.0)
     plans = [one_cpu_action(i, 1, 10.0) for i in range(4)]
-    config = KubeConfig(pod_memory_gb=1.0, startup_s=0.0, exec_overhead_s=0.0, bind_qps=1e9)
+    config = KubeConfig(
+        pod_memory_gb=1.0, startup_s=0.0, exec_overhead_s=0.0, bind_qps=1e9, node_start_qps=1e9
+    )
     res = ActionSimulator(Kubernetes(bed.cpu_nodes, config), bed, [plans]).run()
     assert [round(a.end_s, 6) for a in res.actions] == [20.0] * 4
     res = ActionSimulator(ACTION_POLICIES.get(P.TANGRAM)(bed.managers()), bed, [plans]).run()
