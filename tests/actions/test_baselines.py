@@ -32,7 +32,9 @@ SERVICES = {
 
 
 def kube(**kw: float) -> Kubernetes:
-    base: dict = dict(pod_memory_gb=4.0, startup_s=2.0, exec_overhead_s=0.1, bind_qps=10.0)
+    base: dict = dict(
+        pod_memory_gb=4.0, startup_s=2.0, exec_overhead_s=0.1, bind_qps=10.0, node_start_qps=1e3
+    )
     return Kubernetes([NODE], KubeConfig(**{**base, **kw}))
 
 
@@ -67,6 +69,32 @@ def test_k8s_binds_at_the_control_plane_rate() -> None:
     assert len(k.schedule(0.0)) == 1 and k.next_wakeup(0.0) == 0.5
     assert len(k.schedule(0.5)) == 1 and len(k.schedule(0.7)) == 0
     assert len(k.schedule(1.0)) == 1
+
+
+def test_k8s_node_starts_a_burst_of_pods_at_its_rate() -> None:
+    """Binding is faster than the node brings pods up: pods queue at the node, one every
+    1/node_start_qps seconds after the first one's start-up; a pod bound later to an idle
+    node pays the plain start-up time again."""
+    k = kube(bind_qps=100.0, node_start_qps=2.0)
+    for i in range(4):
+        k.begin_trajectory(f"t{i}", 0.0)
+        k.submit(cpu_action(i), 0.0)
+    started, now = k.schedule(0.0), 0.0
+    while len(started) < 4:
+        now = k.next_wakeup(now)
+        started += k.schedule(now)
+    ready = [
+        s.overhead_s - 0.1 + now_ for s, now_ in zip(started, (0.0, 0.01, 0.02, 0.03), strict=True)
+    ]
+    assert ready == pytest.approx([2.0, 2.5, 3.0, 3.5])
+    for s in started:
+        k.finish(s.action.action_id, 10.0)
+        k.end_trajectory(s.action.trajectory_id, 10.0)
+    k.submit(cpu_action(9), 50.0)
+    (late,) = k.schedule(50.0)
+    assert late.overhead_s == pytest.approx(2.1)
+    with pytest.raises(ConfigError, match="node_start_qps"):
+        KubeConfig(node_start_qps=0.0)
 
 
 def test_k8s_recreates_pods_pending_past_the_timeout() -> None:

@@ -232,9 +232,11 @@ def one_cpu_action(i: int, threads: int, t: float, llm: float = 0.0) -> Trajecto
 def test_overcommitted_node_shares_its_cores() -> None:
     """Kubernetes pods overlap on one 2-core node: four one-thread actions of 10 s each take
     20 s by processor sharing, where exclusive cores would queue two of them."""
-    bed = cpu_testbed(1, node_cores=2, memory_gb=64.0)
+    bed = cpu_testbed(1, node_cores=2, memory_gb=64.0, action_overhead_s=0.0)
     plans = [one_cpu_action(i, 1, 10.0) for i in range(4)]
-    config = KubeConfig(pod_memory_gb=1.0, startup_s=0.0, exec_overhead_s=0.0, bind_qps=1e9)
+    config = KubeConfig(
+        pod_memory_gb=1.0, startup_s=0.0, exec_overhead_s=0.0, bind_qps=1e9, node_start_qps=1e9
+    )
     res = ActionSimulator(Kubernetes(bed.cpu_nodes, config), bed, [plans]).run()
     assert [round(a.end_s, 6) for a in res.actions] == [20.0] * 4
     res = ActionSimulator(ACTION_POLICIES.get(P.TANGRAM)(bed.managers()), bed, [plans]).run()
@@ -242,7 +244,7 @@ def test_overcommitted_node_shares_its_cores() -> None:
 
 
 def test_true_duration_scales_the_profile_by_noise() -> None:
-    bed = cpu_testbed(1, node_cores=4, memory_gb=64.0)
+    bed = cpu_testbed(1, node_cores=4, memory_gb=64.0, action_overhead_s=0.0)
     plan = one_cpu_action(0, 1, 10.0, llm=5.0)
     step = dataclasses.replace(plan.steps[0], noise=1.5)
     plan = dataclasses.replace(plan, steps=(step,))
@@ -250,6 +252,17 @@ def test_true_duration_scales_the_profile_by_noise() -> None:
     (a,) = res.actions
     assert (a.submit_s, a.start_s, a.end_s) == (5.0, 5.0, 20.0)
     assert a.act_s == 15.0 and a.exec_s == 15.0 and a.queue_s == 0.0
+
+
+def test_cpu_manager_charges_its_overhead_before_each_action() -> None:
+    """AOE's per-action cost (Table 1's 0.024 s by default) delays the run, not the start."""
+    assert cpu_testbed(1).cpu_action_overhead_s == pytest.approx(0.024)
+    bed = cpu_testbed(1, node_cores=4, memory_gb=64.0, action_overhead_s=0.5)
+    plan = one_cpu_action(0, 1, 10.0, llm=5.0)
+    res = ActionSimulator(ACTION_POLICIES.get(P.TANGRAM)(bed.managers()), bed, [[plan]]).run()
+    (a,) = res.actions
+    assert (a.start_s, a.end_s, a.overhead_s) == (5.0, 15.5, 0.5)
+    assert a.exec_s == pytest.approx(10.0) and a.queue_s == 0.0
 
 
 def api_plan(i: int, latency: float) -> TrajectoryPlan:

@@ -63,9 +63,16 @@ class CpuManager(ResourceManager):
     name = "cpu"
     unit_key = CPU
 
-    def __init__(self, nodes: Sequence[CpuNode]) -> None:
+    def __init__(self, nodes: Sequence[CpuNode], action_overhead_s: float = 0.0) -> None:
+        """`action_overhead_s`: what AOE pays per action before it runs (updating the
+        container's cgroup, `docker exec`), charged to every grant."""
         if not nodes:
             raise ConfigError("CPU manager needs at least one node")
+        if not action_overhead_s >= 0:
+            raise ConfigError(
+                f"CPU manager: action_overhead_s must be >= 0, got {action_overhead_s}"
+            )
+        self.action_overhead_s = float(action_overhead_s)
         self.nodes = {n.name: n for n in nodes}
         if len(self.nodes) != len(nodes):
             raise ConfigError("CPU manager: duplicate node names")
@@ -116,6 +123,7 @@ class CpuManager(ResourceManager):
             units,
             cores,
             memory_gb=self._traj_mem[action.trajectory_id],
+            overhead_s=self.action_overhead_s,
         )
 
     def release(self, action: ActionSpec, grant: Grant, now: float) -> None:

@@ -57,6 +57,9 @@ class Testbed:
     gpu_nodes: tuple[GpuNode, ...] = ()
     services: tuple[ServiceSpec, ...] = ()
     apis: tuple[ApiProvider, ...] = ()
+    cpu_action_overhead_s: float = field(
+        default=0.0, metadata={"help": "the CPU manager's overhead per action (AOE)"}
+    )
 
     def __post_init__(self) -> None:
         for kind, names in (
@@ -88,7 +91,7 @@ class Testbed:
         """Fresh resource managers over every resource of the testbed."""
         out: list[ResourceManager] = []
         if self.cpu_nodes:
-            out.append(CpuManager(self.cpu_nodes))
+            out.append(CpuManager(self.cpu_nodes, self.cpu_action_overhead_s))
         if self.gpu_nodes:
             out.append(GpuManager(self.gpu_nodes, self.services))
         if self.apis:

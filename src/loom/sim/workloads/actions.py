@@ -52,6 +52,9 @@ GPU = ResourceKind.GPU.value
 # ---- testbed (§6.1) -------------------------------------------------------------------------
 CPU_NODE_CORES = 256  # §6.1: 256 AMD cores per CPU node; §6.3: 1280 cores over five nodes
 CPU_NODE_MEMORY_GB = 2400.0  # §6.1: 2.4 TB per CPU node
+# Table 1: ARL-Tangram's system overhead per AI-coding action at batch 1280 (updating the
+# container's cgroup and exec-ing into it, scheduling included).
+CPU_ACTION_OVERHEAD_S = 0.024
 CPU_NUMA_DOMAINS = 8  # assumed: two sockets in NPS4 mode (locality is not timed here)
 GPUS_PER_NODE = 8  # §6.1: eight GPUs per node
 GPU_NODES = 5  # §6.1: five GPU nodes
@@ -87,8 +90,10 @@ def cpu_testbed(
     node_cores: int = CPU_NODE_CORES,
     memory_gb: float | None = None,
     apis: tuple[ApiProvider, ...] = (),
+    action_overhead_s: float = CPU_ACTION_OVERHEAD_S,
 ) -> Testbed:
-    """`nodes` CPU nodes; memory defaults to the §6.1 ratio (2.4 TB per 256 cores)."""
+    """`nodes` CPU nodes; memory defaults to the §6.1 ratio (2.4 TB per 256 cores); the CPU
+    manager charges Table 1's overhead to every action it starts."""
     if nodes < 1:
         raise ConfigError(f"a CPU testbed needs at least one node, got {nodes}")
     mem = memory_gb if memory_gb is not None else CPU_NODE_MEMORY_GB * node_cores / CPU_NODE_CORES
@@ -96,6 +101,7 @@ def cpu_testbed(
     return Testbed(
         cpu_nodes=tuple(CpuNode.uniform(f"cpu{k}", node_cores, numa, mem) for k in range(nodes)),
         apis=apis,
+        cpu_action_overhead_s=action_overhead_s,
     )
 
 
