@@ -169,6 +169,47 @@ def test_greedy_eviction_trades_queueing_for_parallelism() -> None:
     assert sched.queued == 1
 
 
+def _behind_a_wide_action(queued: int, cores: int = 8, held: int = 4) -> ElasticScheduler:
+    """`held` of `cores` cores run a 1 s action; then `queued` perfectly parallel 40 s actions
+    (1..`cores` cores each) arrive."""
+    sched = ElasticScheduler([cpu_manager(cores=cores, numa=1)])
+    sched.submit(cpu_action(99, lo=held, hi=held, t=1.0, p=None), 0.0)
+    assert [s.units for s in sched.schedule(0.0)] == [held]
+    for i in range(queued):
+        sched.submit(cpu_action(i, hi=cores, t=40.0, p=1.0), 0.0)
+    return sched
+
+
+def test_completion_heap_counts_the_units_a_completion_frees() -> None:
+    # Four candidates fit the four free cores and one action waits behind them. The running
+    # action frees four cores at t=1, enough to start four waiting single-core actions then.
+    # With one heap entry per unit the objective falls from 181 (all four at one core: 4*40,
+    # plus 21 for the one behind on two cores) to 162 (one evicted) to 143 (two evicted: 20+20
+    # on two cores each, then 21, 41, 41 behind), and rises at three evicted (163). One entry
+    # per action lets the 1 s completion start one waiting action only, so the rest wait for
+    # the candidates' own ends and evicting never pays: all four would start on one core.
+    starts = _behind_a_wide_action(5).schedule(0.0)
+    assert sorted((s.action.action_id, s.units) for s in starts) == [("c0", 2), ("c1", 2)]
+
+
+def test_a_lone_candidate_may_wait_for_a_completion() -> None:
+    # Line 8 runs t up to |C_j|: the only candidate is evicted when waiting 1 s for the cores
+    # the running action frees (ESTIMATE's second choice: 1 + 20 s) beats one core now (40 s).
+    sched = _behind_a_wide_action(1, cores=4, held=3)
+    assert sched.schedule(0.0) == [] and sched.queued == 1
+    sched.finish("c99", 1.0)
+    (s,) = sched.schedule(1.0)
+    assert (s.action.action_id, s.units) == ("c0", 4)
+
+
+def test_an_idle_domain_never_holds_its_lone_candidate_back() -> None:
+    # Nothing runs to free a second core, so ESTIMATE's two-core choice is infeasible and the
+    # candidate starts on the one core (evicting it would leave the domain idle for good).
+    sched = ElasticScheduler([cpu_manager(cores=1, numa=1)])
+    sched.submit(cpu_action(0, hi=4, t=40.0, p=1.0), 0.0)
+    assert [s.units for s in sched.schedule(0.0)] == [1]
+
+
 def test_bad_submissions_raise() -> None:
     sched = ElasticScheduler([cpu_manager(cores=8)])
     sched.submit(cpu_action(0), 0.0)
@@ -295,32 +336,40 @@ def _written_out_plan(actions: list[ActionSpec], cores: int, depth: int = 2) -> 
     def first(a: ActionSpec) -> float:
         return durs[a.action_id][least[a.action_id]]
 
-    def estimate(heap: list[float], head: list[float], rest: list[float]) -> float:
+    def estimate(heap: list[float], head: list[tuple[int, float]], rest: list[ActionSpec]) -> float:
+        """One heap entry per core (when it frees); an action takes its least cores (the first
+        tries each of `head`), starts when the last of them frees, frees them at its end."""
         best = math.inf
         for lead in head:
             h = sorted(heap)
             total = 0.0
-            for i, dur in enumerate(rest):
-                end = (heapq.heappop(h) if h else 0.0) + (lead if i == 0 else dur)
-                total += end
-                heapq.heappush(h, end)
+            for i, a in enumerate(rest):
+                units, dur = lead if i == 0 else (least[a.action_id], first(a))
+                if units > len(h):
+                    total = math.inf
+                    break
+                start = max(heapq.heappop(h) for _ in range(units))
+                total += start + dur
+                for _ in range(units):
+                    heapq.heappush(h, start + dur)
             best = min(best, total)
         return best if rest else 0.0
 
     def objective(k: int) -> tuple[float, tuple[int, ...]]:
         arr = dp_arrange(opts[:k], cap)
         assert arr is not None
-        heap = [opts[i][u] for i, u in enumerate(arr.units)]
-        heap += [0.0] * min(cap - sum(arr.units), len(remaining) + len(scal) - k)
-        rest = [first(a) for a in scal[k:] + remaining]
-        head: list[float] = []
+        heap = [durs[aid][u] for aid, u, _ in fixed for _ in range(u)]
+        heap += [opts[i][u] for i, u in enumerate(arr.units) for _ in range(u)]
+        heap += [0.0] * (cap - sum(arr.units))
+        rest = scal[k:] + remaining
+        head: list[tuple[int, float]] = []
         if rest:
-            nxt = (scal[k:] + remaining)[0]
-            head = list(durs[nxt.action_id].values())[: depth if scalable(nxt) else 1]
+            head = list(durs[rest[0].action_id].items())[: depth if scalable(rest[0]) else 1]
         return arr.total + estimate(heap, head, rest), arr.units
 
     (obj, best), k = objective(len(scal)), len(scal)
-    for t in range(1, len(scal)):
+    # Every candidate may go (t up to |C_j|) unless nothing else would run on the idle node.
+    for t in range(1, len(scal) + (1 if fixed else 0)):
         new, units = objective(len(scal) - t)
         if new >= obj:
             break

@@ -55,6 +55,7 @@ class _Running:
     action: ActionSpec
     grants: tuple[Grant, ...]
     group: tuple[str, str]  # (key manager, domain)
+    units: int  # of the key resource, freed at `end_s`
     end_s: float  # expected
 
 
@@ -69,7 +70,8 @@ class _Queued:
     units: int  # what a pass first gives it: its least (dop-k: the most up to k)
     top: int  # its most
     scalable: bool  # DPArrange splits units among such candidates
-    head: list[float]  # durations at its first `depth` counts (one if not scalable)
+    head: list[tuple[int, float]]  # (units, duration) at its first `depth` counts (one if not
+    # scalable): the allocation choices ESTIMATE tries when it is the first remaining action
     table: UnitDurations | None = None  # `durs` checked for DPArrange (scalable ones)
 
 
@@ -142,7 +144,7 @@ class ElasticScheduler:
             and action.t_ori_s > 0
             and len(durs) > 1
         )
-        head = list(islice(durs.values(), self.config.depth if scalable else 1))
+        head = list(islice(durs.items(), self.config.depth if scalable else 1))
         top = next(reversed(durs))
         q = _Queued(action, km, tuple(others), durs, first, top, scalable, head)
         if scalable:  # DPArrange's view of it, checked now rather than on every pass
@@ -248,7 +250,18 @@ class ElasticScheduler:
             ledger.give(c.q.action, domain, c.units)
         cap = ledger.free_units(domain)
         group = (mname, domain)
-        running = [max(r.end_s - now, 0.0) for r in self._running.values() if r.group == group]
+        # The completion heap holds one entry per unit of the key resource (when it frees,
+        # relative to now), as ESTIMATE gives each remaining action its least units from it:
+        # a running action frees all its units at its expected end, and so does a candidate
+        # that keeps its minimum (unknown elasticity); a free unit is free now. NOTE: one
+        # entry per action would let a completion that frees 32 cores start one queued
+        # single-core action only, overstating the queue's wait behind wide allocations.
+        held: list[float] = []
+        for r in self._running.values():
+            if r.group == group:
+                held += [max(r.end_s - now, 0.0)] * r.units
+        for c in fixed:
+            held += [c.q.durs[c.units]] * c.units
         remaining: list[_Queued] = []
         if self.config.lookahead:
             taken = {c.q.action.action_id for c in cands}
@@ -258,7 +271,7 @@ class ElasticScheduler:
                     if len(remaining) == self.config.lookahead:
                         break
 
-        # Durations at the least units (`head` starts at them).
+        # (least units, duration at them) per action: `head` starts at them.
         base = [q.head[0] for q in remaining]
         scal_min = [c.q.head[0] for c in scal]
         scal_durs = [c.q.durs for c in scal]
@@ -274,18 +287,21 @@ class ElasticScheduler:
             arr = arrange(k)
             if arr is None:
                 return math.inf, None
-            heap = running + [d[u] for d, u in zip(scal_durs, arr.units, strict=False)]
-            heap += [0.0] * min(cap - sum(arr.units), len(remaining) + len(scal) - k)
+            heap = held + [0.0] * (cap - sum(arr.units))
+            for d, u in zip(scal_durs, arr.units, strict=False):
+                heap += [d[u]] * u
             rest = scal_min[k:] + base
             head = (scal[k].q if k < len(scal) else remaining[0]).head if rest else []
             return arr.total + _estimate(heap, head, rest), arr
 
         obj, best = objective(len(scal))
         k = len(scal)
-        # Line 8-11: evict the last while the objective falls. NOTE: unlike the pseudocode's
-        # t = 1..|C_j|, at least one candidate stays: evicting all could leave the domain idle
-        # with nothing running, and then no completion would ever trigger the next pass.
-        for t in range(1, len(scal)):
+        # Line 8-11: evict the last while the objective falls, t = 1..|C_j|: every candidate
+        # may wait for units a completion frees. NOTE: when nothing in this domain runs or
+        # starts, at least one candidate stays, as no completion would trigger the next pass
+        # (ESTIMATE starts the evicted at once on the free units, which no pass would do).
+        last = len(scal) if held else len(scal) - 1
+        for t in range(1, last + 1):
             new_obj, arr = objective(len(scal) - t)
             if new_obj >= obj:
                 break
@@ -321,7 +337,7 @@ class ElasticScheduler:
             expected = q.durs[units]
             del self._queue[a.action_id]
             self._running[a.action_id] = _Running(
-                a, grants, (km.name, domain), now + overhead + expected
+                a, grants, (km.name, domain), units, now + overhead + expected
             )
             out.append(Start.fast(a, units, domain, grants, overhead, expected))
         return out
@@ -369,28 +385,41 @@ def _options(q: _Queued, cap: int) -> Mapping[int, float]:
     return {u: d for u, d in q.durs.items() if u <= cap} if cut is None else cut
 
 
-def _estimate(heap: list[float], head: list[float], durations: list[float]) -> float:
-    """Algorithm 2's ESTIMATE: each remaining action starts when the earliest slot of the
-    completion heap frees; the first one tries each of its `depth` allocations (`head`)."""
-    if not durations:
+def _estimate(
+    heap: list[float], head: list[tuple[int, float]], actions: list[tuple[int, float]]
+) -> float:
+    """Algorithm 2's ESTIMATE over a completion heap of units (when each frees): each remaining
+    action, given as (least units, duration at them), takes the earliest-freed units it needs,
+    starts when the last of them frees and frees them all at its end; the first one tries each
+    of its `depth` allocations (`head`, as (units, duration)) and the least sum counts."""
+    if not actions:
         return 0.0
+    rest = actions[1:]
+    # Only the `pops` earliest entries can ever be taken; the rest never reach the top.
+    pops = sum(u for u, _ in rest) + max(u for u, _ in head)
+    base = sorted(heap)[:pops]  # a sorted list is a valid heap
     best = math.inf
-    base = sorted(heap)  # a sorted list is a valid heap
-    rest = durations[1:]
     for first in head:
         h = list(base)
-        # The earliest slot frees at h[0] (or 0.0 with none); the slot then ends at `end`.
-        # Replacing the least in place pops and pushes at once, with the same values.
-        end = 0.0 + first
-        if h:
-            end = h[0] + first
-            heapq.heapreplace(h, end)
-        else:
-            h.append(end)
-        total = 0.0 + end
-        for dur in rest:  # the heap is never empty from here on
-            end = h[0] + dur
-            heapq.heapreplace(h, end)
+        total = 0.0
+        for units, dur in (first, *rest):
+            start = 0.0
+            if units > len(h):  # the domain never holds that many units at once
+                total = math.inf
+                break
+            for _ in range(units - 1):
+                start = heapq.heappop(h)
+            if h:
+                # The last unit it waits for frees at h[0]; replacing the least in place pops
+                # it and pushes this action's end at once.
+                start = h[0]
+                end = start + dur
+                heapq.heapreplace(h, end)
+            else:
+                end = start + dur
+                heapq.heappush(h, end)
+            for _ in range(units - 1):
+                heapq.heappush(h, end)
             total += end
         best = min(best, total)
     return best
