@@ -2,12 +2,14 @@
 
 from dataclasses import dataclass
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from loom.core.errors import ConfigError
 from loom.core.trajectory import TrajectorySpec, TurnSpec, WorkloadKind
 from loom.rollout.baselines import CacheAwareRouter
-from loom.rollout.heddle.placement import WorkerCost
+from loom.rollout.heddle.placement import WorkerCost, presorted_dp_hetero
 from loom.rollout.heddle.router import HeddleRouter
 from loom.rollout.heddle.scheduler import ProgressivePriorityScheduler
 from loom.rollout.heddle.transmission import MigrationRequest, select_batch
@@ -111,11 +113,14 @@ def test_plan_first_starts_a_long_trajectory_its_prompt_estimate_missed():
     assert first.makespan_s < literal.makespan_s
 
 
-def _router(lengths, degrees):
-    cost = lambda d: WorkerCost(token_time=1.0 / d, interference=lambda k: 1.0 + 0.5 * (k - 1))  # noqa: E731
+def _cost(d):
+    return WorkerCost(token_time=1.0 / d, interference=lambda k: 1.0 + 0.5 * (k - 1))
+
+
+def _router(lengths, degrees, repartition=None):
     trajs = [T(i, float(x)) for i, x in enumerate(lengths)]
     workers = [W(j, d) for j, d in enumerate(degrees)]
-    r = HeddleRouter(cost)
+    r = HeddleRouter(_cost, repartition=repartition)
     r.start(trajs, workers)
     return r, trajs, workers
 
@@ -171,11 +176,14 @@ def test_transmission_batches_are_endpoint_exclusive_and_longest_first(pending, 
     st.lists(st.integers(1, 1000), min_size=3, max_size=24),
     st.sampled_from([(1, 1), (2, 1, 1), (4, 2, 1, 1)]),
     st.lists(st.tuples(st.booleans(), st.integers(0, 10**6), st.integers(1, 2000)), max_size=40),
+    st.sampled_from([None, 0.2, 0.5]),
 )
-def test_stale_names_every_trajectory_the_shrinking_partition_moves(lengths, degrees, ops):
+def test_stale_names_every_trajectory_the_shrinking_partition_moves(
+    lengths, degrees, ops, repartition
+):
     """After every finish or prediction update, moving each trajectory `stale` names leaves
     every active trajectory at home in the slice its current rank maps to (brute force)."""
-    r, trajs, workers = _router(lengths, degrees)
+    r, trajs, workers = _router(lengths, degrees, repartition)
     active = list(trajs)
     for finish, pick, new_len in ops:
         if len(active) < 2:
@@ -262,3 +270,31 @@ def test_a_waiting_trajectory_takes_its_kv_cache_when_rebalanced():
     # The KV moved with it: nothing was prefilled twice.
     assert res.prefill_tokens == stuck.prefill_tokens
     assert res.cache_hit_tokens == stuck.cache_hit_tokens
+
+
+@given(
+    st.lists(st.integers(1, 1000), min_size=4, max_size=30),
+    st.sampled_from([(1, 1), (2, 1, 1), (4, 2, 1, 1)]),
+    st.integers(0, 10**6),
+)
+def test_repartition_places_the_active_set_as_a_fresh_presorted_dp(lengths, degrees, pick):
+    """Once a fifth of the trajectories has finished, the router re-runs the DP over the
+    active ones: the grouping its targets imply attains that DP's optimal makespan."""
+    r, trajs, _ = _router(lengths, degrees, repartition=0.2)
+    active = list(trajs)
+    while len(active) > 0.8 * len(trajs):
+        r.finish(active.pop(pick % len(active)))
+    costs = [_cost(d) for d in degrees]
+    fresh = presorted_dp_hetero([a.predicted_total for a in active], costs)
+    groups: dict[int, list[float]] = {}
+    for a in active:
+        groups.setdefault(r._target(a.traj_id), []).append(a.predicted_total)
+    implied = max(
+        max(g) * costs[w].token_time * costs[w].interference(len(g)) for w, g in groups.items()
+    )
+    assert implied == pytest.approx(fresh.makespan)
+
+
+def test_repartition_must_be_a_fraction():
+    with pytest.raises(ConfigError, match="repartition"):
+        HeddleRouter(_cost, repartition=1.5)

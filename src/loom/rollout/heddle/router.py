@@ -15,6 +15,16 @@ prediction updates. Without the rebalancing a trajectory predicted long and plac
 worker, queued there behind longer ones under longest-first scheduling, never ends a turn and
 so never moves, while the workers its rank now maps to sit idle (at 64 GPUs on math, small
 workers idled for half the rollout).
+
+`repartition` (default 0.1): once the active set has shrunk by that fraction since the last
+partition, the presorted DP runs again over the active trajectories' predictions and the
+scaled sizes start from its groups. NOTE: §5.3 scales the initial sizes instead "to avoid
+re-running the expensive dynamic programming"; ours takes milliseconds. The initial groups
+are sized for a batch that is mostly short trajectories (a few long ones alone on large
+workers, hundreds of short ones together on small ones); once the short ones finish, the
+scaled sizes still give the small workers most of the active set, now long trajectories, and
+the large workers a handful. At 64 GPUs, Qwen3-14B, seed 1, PPS's rollout took 1177 s → 1139 s
+on math and 961 s → 837 s on coding. None: the paper's rule alone.
 """
 
 from __future__ import annotations
@@ -35,9 +45,19 @@ __all__ = ["HeddleRouter"]
 class HeddleRouter:
     """Presorted-DP placement plus rank-based migration with scaled partition sizes."""
 
-    def __init__(self, worker_cost: Callable[[int], WorkerCost], migrate: bool = True) -> None:
+    def __init__(
+        self,
+        worker_cost: Callable[[int], WorkerCost],
+        migrate: bool = True,
+        repartition: float | None = 0.1,
+    ) -> None:
+        if repartition is not None and not 0 < repartition < 1:
+            raise ConfigError(f"repartition must be in (0, 1), got {repartition}")
         self.worker_cost = worker_cost
         self.migrate_enabled = migrate
+        self.repartition = repartition
+        self._costs: list[WorkerCost] = []
+        self._full_scan = False
         self.placement: Placement | None = None
         self._home: dict[int, int] = {}
         self._pred: dict[int, float] = {}
@@ -55,6 +75,7 @@ class HeddleRouter:
             raise ConfigError(f"Heddle expects workers sorted by descending degree, got {degrees}")
         lengths = [float(t.predicted_total) for t in trajs]
         costs = [self.worker_cost(w.tp) for w in workers]
+        self._costs = costs
         self.placement = presorted_dp_hetero(lengths, costs)
         for j, group in enumerate(self.placement.groups):
             for i in group:
@@ -82,6 +103,21 @@ class HeddleRouter:
     def finish(self, t: TrajectoryView) -> None:
         self._ranked.discard((-self._pred[t.traj_id], t.traj_id))
         self._changes += 1
+        n = len(self._ranked)
+        if self.repartition is not None and n and n <= (1 - self.repartition) * self._n0:
+            self._repartition()
+
+    def _repartition(self) -> None:
+        """Re-run the presorted DP over the active trajectories' predictions."""
+        lengths = [-neg for neg, _ in self._ranked]
+        placement = presorted_dp_hetero(lengths, self._costs)
+        # groups are contiguous in descending order: sizes are all the router needs
+        sizes = [0] * len(self._costs)
+        for j, g in enumerate(placement.groups):
+            sizes[j] = len(g)
+        self._sizes = sizes
+        self._n0 = len(self._ranked)
+        self._full_scan = True
 
     def stale(self) -> list[int]:
         """Active trajectories whose scaled slice is no longer their home's. Each ranking
@@ -91,6 +127,13 @@ class HeddleRouter:
             return []
         width, self._changes = self._changes + 1, 0
         n, bounds = len(self._ranked), self._bounds()
+        if self._full_scan:
+            self._full_scan = False
+            return [
+                tid
+                for rank, (_, tid) in enumerate(self._ranked)
+                if self._slice(rank, bounds) != self._home[tid]
+            ]
         out = []
         for bound in bounds[:-1]:
             for rank in range(max(0, int(bound) - width), min(n, int(bound) + width + 1)):
