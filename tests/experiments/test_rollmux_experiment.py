@@ -15,7 +15,7 @@ def test_registered():
 def test_fig15_records_follow_the_contract_and_are_deterministic():
     a, b = rollmux.fig15(2, True), rollmux.fig15(2, True)
     assert a == b
-    assert {r["policy"] for r in a} == {"rollmux", "random", "greedy", "opt"}
+    assert {r["policy"] for r in a} == {"rollmux", "rollmux_slo_prune", "random", "greedy", "opt"}
     for r in a:
         assert r["experiment"] == "fig15" and {
             "cost_per_h",
