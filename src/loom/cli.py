@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -20,6 +21,7 @@ app = typer.Typer(
     add_completion=False,
 )
 console = Console()
+Task = tuple[str, Callable[[], list[Record]]]
 
 
 @app.callback()
@@ -42,6 +44,10 @@ def reproduce(
     json_path: Annotated[
         Path | None, typer.Option("--json", help="write tidy records here")
     ] = None,
+    only: Annotated[
+        str | None,
+        typer.Option("--only", help="comma-separated experiments to run, e.g. fig14,fig15"),
+    ] = None,
 ) -> None:
     """Run a paper's experiments on identical seeded workloads; print tables, write CSV/PNG/JSON."""
     try:
@@ -49,6 +55,8 @@ def reproduce(
     except UnknownPolicyError as exc:
         raise typer.BadParameter(str(exc), param_hint="SYSTEM") from None
     total, tasks = rep.tasks(seed, quick)
+    if only is not None:
+        tasks, total = _select(tasks, only)
     records: list[Record] = []
     columns = (
         TextColumn("{task.description:<40}"),
@@ -73,6 +81,21 @@ def reproduce(
         f"wrote {len(records)} records, CSV and {len(plots)} plots under {out_dir}"
         + (f", JSON at {json_path}" if json_path else "")
     )
+
+
+def _select(tasks: Iterable[Task], only: str) -> tuple[Iterator[Task], int]:
+    """The tasks of the named experiments (a task's label starts with its experiment)."""
+    wanted = {name.strip() for name in only.split(",") if name.strip()}
+    listed = list(tasks)
+    known = sorted({label.split()[0] for label, _ in listed})
+    unknown = sorted(wanted - set(known))
+    if unknown or not wanted:
+        raise typer.BadParameter(
+            f"unknown experiment(s) {unknown or [only]}; choose from {', '.join(known)}",
+            param_hint="--only",
+        )
+    kept = [(label, thunk) for label, thunk in listed if label.split()[0] in wanted]
+    return iter(kept), len(kept)
 
 
 serve_app = typer.Typer(help="Run Loom's runtime services.", no_args_is_help=True)

@@ -1,9 +1,12 @@
 """RollMux reproduce pipeline: record contract and determinism on the quick scale."""
 
 import itertools
+import json
 
 import pytest
+from typer.testing import CliRunner
 
+from loom.cli import app
 from loom.experiments import rollmux
 from loom.experiments.registry import SYSTEMS
 
@@ -65,3 +68,16 @@ def test_testbed_compares_against_solo_d_and_verl():
     assert rows["verl"]["peak_rollout_gpus"] == 0
     assert rows["rollmux"]["slo_attainment"] == 1.0
     assert rows["rollmux"]["solo_d_cost_over_this_x"] > 1.0
+
+
+def test_only_runs_the_named_experiments_and_rejects_unknown_ones(tmp_path):
+    path = tmp_path / "r.json"
+    args = ["reproduce", "rollmux", "--quick", "--out", str(tmp_path), "--json", str(path)]
+    result = CliRunner().invoke(app, [*args, "--only", "fig12"])
+    assert result.exit_code == 0, result.output
+    records = json.loads(path.read_text())["records"]
+    assert {r["experiment"] for r in records} <= {"fig12", "summary"}
+    assert any(r["experiment"] == "fig12" for r in records)
+    bad = CliRunner().invoke(app, [*args, "--only", "fig99"])
+    assert bad.exit_code != 0
+    assert "fig99" in bad.output and "fig14b" in bad.output
