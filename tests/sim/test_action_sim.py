@@ -181,11 +181,15 @@ def test_every_policy_stays_within_capacity_and_ends_every_action(
 ) -> None:
     bed, batches = world(7)
     res = simulate(world, make, 7)
-    planned = sum(len(p.steps) for b in batches for p in b)
+    plans = {p.trajectory_id: p for b in batches for p in b}
+    # every trajectory ran its plan (a re-run, "<id>~k", its prompt's), plus re-issued calls
+    planned = sum(len(plans[t.trajectory_id.split("~")[0]].steps) for t in res.trajectories)
     assert len(res.actions) == planned + res.counters["reissued"]
     assert all(a.status.terminal for a in res.actions)
     assert all(a.submit_s <= a.start_s <= a.end_s for a in res.actions)
-    assert len(res.trajectories) == sum(len(b) for b in batches)
+    assert len(res.trajectories) == len(plans) + res.counters["reruns"]
+    assert res.counters["reruns"] <= res.counters["ineffective"]
+    assert sum(not t.effective for t in res.trajectories) == res.counters["ineffective"]
     assert len(res.steps) == len(batches)
     exclusive_cpu = not name.startswith("k8s")
     for node in bed.cpu_nodes:
@@ -283,7 +287,7 @@ def test_rejected_calls_retry_three_times_then_fail() -> None:
     bed = Testbed(apis=(ApiProvider(name="x", concurrency=1, error_latency_s=0.5),))
     plans = [api_plan(i, 100.0) for i in range(2)]
     policy = ACTION_POLICIES.get(P.INDEPENDENT_API)()
-    res = ActionSimulator(policy, bed, [plans], SimConfig(reissues=0)).run()
+    res = ActionSimulator(policy, bed, [plans], SimConfig(reissues=0, reruns=0)).run()
     ok, failed = sorted(res.actions, key=lambda a: a.status)
     assert ok.status == ActionStatus.SUCCEEDED and ok.end_s == 100.0
     assert failed.status == ActionStatus.FAILED and failed.attempts == 4
@@ -295,7 +299,8 @@ def test_rejected_calls_retry_three_times_then_fail() -> None:
 def test_calls_past_the_timeout_are_cut_and_retried() -> None:
     bed = Testbed(apis=(ApiProvider(name="x", concurrency=4),))
     policy = ACTION_POLICIES.get(P.INDEPENDENT_API)()
-    res = ActionSimulator(policy, bed, [[api_plan(0, 700.0)]], SimConfig(reissues=0)).run()
+    config = SimConfig(reissues=0, reruns=0)
+    res = ActionSimulator(policy, bed, [[api_plan(0, 700.0)]], config).run()
     (a,) = res.actions
     assert a.status == ActionStatus.TIMED_OUT and a.attempts == 4
     assert a.end_s == pytest.approx(4 * 600 + 1 + 2 + 4)
@@ -305,10 +310,38 @@ def test_a_failed_tool_call_is_issued_again_after_another_turn() -> None:
     bed = Testbed(apis=(ApiProvider(name="x", concurrency=1, error_latency_s=0.0),))
     plans = [api_plan(i, 100.0) for i in range(2)]
     res = ActionSimulator(
-        ACTION_POLICIES.get(P.INDEPENDENT_API)(), bed, [plans], SimConfig(reissues=1)
+        ACTION_POLICIES.get(P.INDEPENDENT_API)(), bed, [plans], SimConfig(reissues=1, reruns=0)
     ).run()
     assert res.counters["reissued"] == 1
     assert {a.action_id for a in res.actions} == {"t0/0", "t1/0", "t1/0.r"}
+
+
+def test_a_trajectory_with_a_failed_call_is_ineffective_and_its_prompt_runs_again() -> None:
+    # §6.2: API failures make baseline trajectories ineffective and the step slow
+    bed = Testbed(apis=(ApiProvider(name="x", concurrency=1, error_latency_s=0.5),))
+    plans = [api_plan(i, 12.0) for i in range(2)]
+    config = SimConfig(reissues=0, reruns=2)
+    res = ActionSimulator(ACTION_POLICIES.get(P.INDEPENDENT_API)(), bed, [plans], config).run()
+    by_id = {t.trajectory_id: t for t in res.trajectories}
+    # t0 holds the only slot for 12 s; t1 is rejected four times and fails at 9 s; its re-run
+    # t1~1 starts then, is rejected at 9 and 10.5 s, admitted at 13 s and ends at 25 s
+    assert set(by_id) == {"t0", "t1", "t1~1"}
+    assert [by_id[t].effective for t in ("t0", "t1", "t1~1")] == [True, False, True]
+    assert by_id["t1~1"].run == 1 and by_id["t1~1"].start_s == pytest.approx(9.0)
+    (step,) = res.steps
+    assert step.end_s == pytest.approx(25.0)  # not 12 s: the re-run holds the step
+    assert res.counters["ineffective"] == 1 and res.counters["reruns"] == 1
+
+
+def test_reruns_are_bounded_so_the_step_ends() -> None:
+    bed = Testbed(apis=(ApiProvider(name="x", concurrency=4),))
+    config = SimConfig(reissues=0, reruns=2)
+    policy = ACTION_POLICIES.get(P.INDEPENDENT_API)()
+    res = ActionSimulator(policy, bed, [[api_plan(0, 700.0)]], config).run()
+    assert [t.run for t in res.trajectories] == [0, 1, 2]
+    assert not any(t.effective for t in res.trajectories)
+    assert res.counters["reruns"] == 2 and res.counters["ineffective"] == 3
+    assert res.steps[0].end_s == pytest.approx(3 * (4 * 600 + 1 + 2 + 4))
 
 
 def test_tangram_queues_calls_within_the_limits_instead() -> None:
@@ -317,6 +350,7 @@ def test_tangram_queues_calls_within_the_limits_instead() -> None:
     res = ActionSimulator(ACTION_POLICIES.get(P.TANGRAM)(bed.managers()), bed, [plans]).run()
     assert sorted(a.start_s for a in res.actions) == [0.0, 10.0, 50.0]  # quota, then window
     assert res.counters["api_rejections"] == 0
+    assert res.counters["reruns"] == 0 and all(t.effective for t in res.trajectories)
 
 
 def test_bad_inputs_raise() -> None:

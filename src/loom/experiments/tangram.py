@@ -152,6 +152,9 @@ def fig6_fig7_tasks(runs: Runs, scale: TangramScale) -> Iterator[Task]:
                         "actions": len(res.actions),
                         "failed_actions": int(res.counters["failed"]),
                         "api_rejections": int(res.counters["api_rejections"]),
+                        # §6.2: trajectories made ineffective by failed calls, re-run
+                        "ineffective": int(res.counters["ineffective"]),
+                        "reruns": int(res.counters["reruns"]),
                     }
                 )
                 return out

@@ -63,6 +63,8 @@ class TrajectoryRecord:
     reward_s: float  # sum of the ACTs of its reward actions
     actions: int
     failed: int
+    effective: bool = True  # no action of it finally failed (§6.2's pass rate)
+    run: int = 0  # 0: the batch's own trajectory; k: the k-th re-run of its prompt
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

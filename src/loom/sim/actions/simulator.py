@@ -4,8 +4,10 @@ alternate LLM turns with actions, in RL steps of one batch each.
 After every batch of same-time events that changed the policy's state (a submission, an end),
 the simulator calls `schedule(now)` once, runs each `Start` for its overhead plus the action's
 true duration on the testbed's physics (`world`), then reports `finish`. A trajectory's next
-LLM turn starts when its action ends; its last action ends it (`end_trajectory`). An RL step
-ends when every trajectory of its batch has; the next batch starts `step_gap_s` later.
+LLM turn starts when its action ends; its last action ends it (`end_trajectory`). A
+trajectory one of whose actions finally failed is ineffective and its prompt is rolled out
+again (`SimConfig.reruns`, §6.2). An RL step ends when every trajectory of its batch and every
+re-run has; the next batch starts `step_gap_s` later.
 """
 
 from __future__ import annotations
@@ -54,10 +56,20 @@ class SimConfig:
             "another LLM turn"
         },
     )
+    # §6.2: "for baseline, frequent API failures cause trajectories to become ineffective,
+    # reducing the pass rate of RL training and consequently making the step slow". A
+    # trajectory one of whose actions finally failed (retries and re-issues spent) is
+    # ineffective; the step re-runs its prompt (same plan, a fresh trajectory) as soon as it
+    # ends, so the step ends only once every prompt has an effective trajectory or has been
+    # re-run `reruns` times. The bound is assumed (it only guarantees that a step ends).
+    reruns: int = field(
+        default=3,
+        metadata={"help": "re-runs of a prompt whose trajectory was ineffective (bound assumed)"},
+    )
 
     def __post_init__(self) -> None:
-        if self.api_retries < 0 or self.reissues < 0:
-            raise ConfigError("api_retries and reissues must be >= 0")
+        if self.api_retries < 0 or self.reissues < 0 or self.reruns < 0:
+            raise ConfigError("api_retries, reissues and reruns must be >= 0")
         if not (self.api_timeout_s > 0 and self.api_backoff_s >= 0 and self.step_gap_s >= 0):
             raise ConfigError("api_timeout_s must be > 0; back-off and step gap >= 0")
 
@@ -74,6 +86,7 @@ class _Traj:
     reward_s: float = 0.0
     actions: int = 0
     failed: int = 0
+    run: int = 0  # 0 for the batch's own trajectory, k for the k-th re-run of its prompt
 
 
 @dataclass(slots=True)
@@ -129,6 +142,8 @@ class ActionSimulator:
             "api_timeouts": 0,
             "failed": 0,
             "reissued": 0,
+            "ineffective": 0,
+            "reruns": 0,
             "restores": 0,
         }
 
@@ -160,14 +175,17 @@ class ActionSimulator:
         now = self.engine.now
         self._step_start[k] = now
         self._open[k] = len(self.batches[k])
-        aware = isinstance(self.policy, TrajectoryAware)
         for plan in self.batches[k]:
-            tr = _Traj(plan, k, now, reissues_left=self.config.reissues)
-            if aware:
-                self.policy.begin_trajectory(plan.trajectory_id, now)  # type: ignore[attr-defined]
-            self._next(tr)
-        if aware:
+            self._begin_trajectory(plan, k, 0)
+        if isinstance(self.policy, TrajectoryAware):
             self._touch()
+
+    def _begin_trajectory(self, plan: TrajectoryPlan, k: int, run: int) -> None:
+        now = self.engine.now
+        tr = _Traj(plan, k, now, reissues_left=self.config.reissues, run=run)
+        if isinstance(self.policy, TrajectoryAware):
+            self.policy.begin_trajectory(plan.trajectory_id, now)
+        self._next(tr)
 
     def _next(self, tr: _Traj) -> None:
         """Start the trajectory's next LLM turn, or its tail and end."""
@@ -344,11 +362,33 @@ class ActionSimulator:
                 reward_s=tr.reward_s,
                 actions=tr.actions,
                 failed=tr.failed,
+                effective=tr.failed == 0,
+                run=tr.run,
             )
         )
         k = tr.rl_step
+        if tr.failed:
+            self.counters["ineffective"] += 1
+            if tr.run < self.config.reruns:
+                self.counters["reruns"] += 1
+                self._open[k] += 1
+                self._begin_trajectory(_rerun_plan(tr.plan, tr.run + 1), k, tr.run + 1)
+                self._touch()
         self._open[k] -= 1
         if self._open[k] == 0:
             self._steps.append(StepRecord(rl_step=k, start_s=self._step_start[k], end_s=now))
             if k + 1 < len(self.batches):
                 self.engine.after(self.config.step_gap_s, self._begin_step, k + 1)
+
+
+def _rerun_plan(plan: TrajectoryPlan, run: int) -> TrajectoryPlan:
+    """The prompt of `plan` rolled out again: the same steps under fresh ids."""
+    old, tid = plan.trajectory_id, f"{plan.trajectory_id}~{run}"
+
+    def rename(spec: ActionSpec) -> ActionSpec:
+        aid = spec.action_id
+        aid = tid + aid[len(old) :] if aid.startswith(old) else f"{tid}/{aid}"
+        return dataclasses.replace(spec, action_id=aid, trajectory_id=tid)
+
+    steps = tuple(dataclasses.replace(s, spec=rename(s.spec)) for s in plan.steps)
+    return dataclasses.replace(plan, trajectory_id=tid, steps=steps)
