@@ -22,7 +22,7 @@ from action_factories import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loom.actions.managers.base import Grant, Ledger
+from loom.actions.managers.base import Ledger
 from loom.actions.managers.cpu import _CpuLedger
 from loom.actions.policy import ACTION_POLICIES, Start
 from loom.actions.tangram.arrange import dp_arrange
@@ -404,22 +404,6 @@ def test_fast_plan_matches_on_one_big_node(seed: int, n: int, behind: int) -> No
     with _plain_dp():
         assert sorted(slow.plan(0.0)) == want
     assert sorted((s.action.action_id, s.units, s.domain) for s in fast.schedule(0.0)) == want
-
-
-def test_grant_and_start_fast_build_the_same_objects() -> None:
-    grant = Grant(action_id="c0", manager="cpu", domain="n0", units=2, cores=(4, 5))
-    fast = Grant.fast("c0", "cpu", "n0", 2, (4, 5))
-    assert fast == grant and hash(fast) == hash(grant) and vars(fast) == vars(grant)
-    assert list(vars(fast)) == [f.name for f in dataclasses.fields(Grant)]
-    action = cpu_action(0)
-    start = Start(
-        action=action, units=2, domain="n0", grants=(grant,), overhead_s=0.5, expected_s=3.0
-    )
-    fast_start = Start.fast(action, 2, "n0", (fast,), 0.5, 3.0)
-    assert fast_start == start and vars(fast_start) == vars(start)
-    assert list(vars(fast_start)) == [f.name for f in dataclasses.fields(Start)]
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        fast.units = 3  # type: ignore[misc]
 
 
 def test_submission_caches_the_key_resource_table() -> None:

@@ -40,30 +40,6 @@ class Start:
     overhead_s: float
     expected_s: float
 
-    @classmethod
-    def fast(
-        cls,
-        action: ActionSpec,
-        units: int,
-        domain: str,
-        grants: tuple[Grant, ...],
-        overhead_s: float,
-        expected_s: float,
-    ) -> Start:
-        """`Start(...)` by position, for the scheduling hot path (see `Grant.fast`)."""
-        start = object.__new__(cls)
-        start.__dict__.update(
-            {
-                "action": action,
-                "units": units,
-                "domain": domain,
-                "grants": grants,
-                "overhead_s": overhead_s,
-                "expected_s": expected_s,
-            }
-        )
-        return start
-
     @property
     def cores(self) -> tuple[int, ...]:
         return tuple(c for g in self.grants for c in g.cores)

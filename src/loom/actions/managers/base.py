@@ -45,36 +45,6 @@ class Grant:
     memory_gb: float = 0.0
     overhead_s: float = 0.0
 
-    @classmethod
-    def fast(
-        cls,
-        action_id: str,
-        manager: str,
-        domain: str,
-        units: int,
-        cores: tuple[int, ...] = (),
-        gpus: tuple[int, ...] = (),
-        memory_gb: float = 0.0,
-        overhead_s: float = 0.0,
-    ) -> Grant:
-        """`Grant(...)` by position, for the allocation hot path: the frozen dataclass
-        `__init__` sets each field through `object.__setattr__`, which costs several times
-        more than filling the instance dict at once, as this does (same object, same fields)."""
-        grant = object.__new__(cls)
-        grant.__dict__.update(
-            {
-                "action_id": action_id,
-                "manager": manager,
-                "domain": domain,
-                "units": units,
-                "cores": cores,
-                "gpus": gpus,
-                "memory_gb": memory_gb,
-                "overhead_s": overhead_s,
-            }
-        )
-        return grant
-
 
 class Ledger(ABC):
     """Free counts per domain for one scheduling pass; `take` never touches real state."""

@@ -116,12 +116,12 @@ class CpuManager(ResourceManager):
     def allocate(self, action: ActionSpec, units: int, domain: str, now: float) -> Grant:
         self._ensure_pin(action, domain)
         cores = self._pick_cores(domain, units)
-        return Grant.fast(
-            action.action_id,
-            self.name,
-            domain,
-            units,
-            cores,
+        return Grant(
+            action_id=action.action_id,
+            manager=self.name,
+            domain=domain,
+            units=units,
+            cores=cores,
             memory_gb=self._traj_mem[action.trajectory_id],
             overhead_s=self.action_overhead_s,
         )

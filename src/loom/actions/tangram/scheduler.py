@@ -339,7 +339,16 @@ class ElasticScheduler:
             self._running[a.action_id] = _Running(
                 a, grants, (km.name, domain), units, now + overhead + expected
             )
-            out.append(Start.fast(a, units, domain, grants, overhead, expected))
+            out.append(
+                Start(
+                    action=a,
+                    units=units,
+                    domain=domain,
+                    grants=grants,
+                    overhead_s=overhead,
+                    expected_s=expected,
+                )
+            )
         return out
 
     # -- helpers ---------------------------------------------------------------------------

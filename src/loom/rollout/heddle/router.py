@@ -80,7 +80,7 @@ class HeddleRouter:
         for j, group in enumerate(self.placement.groups):
             for i in group:
                 self._home[trajs[i].traj_id] = workers[j].idx
-        self._sizes = [len(g) for g in self.placement.groups]
+        self._sizes = list(self.placement.sizes)
         self._workers = [w.idx for w in workers]
         self._n0 = len(trajs)
         for t in trajs:
@@ -104,18 +104,15 @@ class HeddleRouter:
         self._ranked.discard((-self._pred[t.traj_id], t.traj_id))
         self._changes += 1
         n = len(self._ranked)
-        if self.repartition is not None and n and n <= (1 - self.repartition) * self._n0:
+        due = self.repartition is not None and n <= (1 - self.repartition) * self._n0
+        if due and n and self.migrate_enabled:
             self._repartition()
 
     def _repartition(self) -> None:
         """Re-run the presorted DP over the active trajectories' predictions."""
         lengths = [-neg for neg, _ in self._ranked]
-        placement = presorted_dp_hetero(lengths, self._costs)
-        # groups are contiguous in descending order: sizes are all the router needs
-        sizes = [0] * len(self._costs)
-        for j, g in enumerate(placement.groups):
-            sizes[j] = len(g)
-        self._sizes = sizes
+        # groups are contiguous in descending order (one per worker): sizes are all it needs
+        self._sizes = list(presorted_dp_hetero(lengths, self._costs).sizes)
         self._n0 = len(self._ranked)
         self._full_scan = True
 

@@ -63,8 +63,12 @@ class TrajectoryRecord:
     reward_s: float  # sum of the ACTs of its reward actions
     actions: int
     failed: int
-    effective: bool = True  # no action of it finally failed (§6.2's pass rate)
     run: int = 0  # 0: the batch's own trajectory; k: the k-th re-run of its prompt
+
+    @property
+    def effective(self) -> bool:
+        """No action of it finally failed (§6.2's pass rate)."""
+        return self.failed == 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

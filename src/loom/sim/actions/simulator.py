@@ -362,7 +362,6 @@ class ActionSimulator:
                 reward_s=tr.reward_s,
                 actions=tr.actions,
                 failed=tr.failed,
-                effective=tr.failed == 0,
                 run=tr.run,
             )
         )
