@@ -10,7 +10,7 @@ import csv
 import json
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import matplotlib
 
@@ -18,6 +18,9 @@ matplotlib.use("Agg")  # NOTE: headless; never opens a window
 import matplotlib.pyplot as plt
 from rich.console import Console
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = [
     "Record",
@@ -111,12 +114,7 @@ def bar_plot(
         ax.set_title(fv)
         ax.set_ylabel(metric)
     axes[0][0].legend(fontsize=7)
-    fig.suptitle(title)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path, title)
 
 
 def line_plot(
@@ -133,6 +131,10 @@ def line_plot(
         ax.set_xlabel(x)
         ax.set_ylabel(metric)
         ax.legend(fontsize=7)  # NOTE: each workload has its own baseline
+    return _save(fig, path, title)
+
+
+def _save(fig: Figure, path: Path, title: str) -> Path:
     fig.suptitle(title)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
