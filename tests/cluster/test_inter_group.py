@@ -217,3 +217,43 @@ def test_a_group_past_its_natural_cycle_takes_jobs_only_under_slo_pruning():
 def test_unknown_prune_rule_is_rejected():
     with pytest.raises(ConfigError, match="prune"):
         RollMuxScheduler(PolicyConfig(bed=BED), prune="none")  # type: ignore[arg-type]
+
+
+def test_a_job_is_fitted_to_a_smaller_training_pool():
+    """§4.2 footnote 2: the pool is not scaled; the job's data parallelism is. On half the
+    nodes it trains twice as long and caches twice the state per node; its SLO still counts
+    from solo execution on its own pools."""
+    big = job("b", 100, 100, nodes=1, train_nodes=2, train_mem_gb=300.0, sync_s=10.0)
+    fit = big.on_train_pool(1)
+    assert (fit.train_nodes, fit.train_s, fit.train_mem_gb, fit.sync_s) == (1, 200.0, 600.0, 10.0)
+    assert fit.slo_bound_s == big.slo_bound_s == 2.0 * 210.0
+    assert fit.native is big and fit.on_train_pool(2) is big
+    assert big.on_train_pool(4) is big, "on a larger pool it keeps its own degree"
+    with pytest.raises(ConfigError, match="training pool"):
+        big.on_train_pool(0)
+
+
+def test_rollmux_packs_a_larger_job_into_a_smaller_training_pool():
+    pol = RollMuxScheduler(PolicyConfig(bed=BED))
+    a = job("a", 200, 40)
+    b = job("b", 40, 100, nodes=1, train_nodes=2)  # fitted: 240 s alone, within 2 x 140 s
+    pa = pol.on_arrival(a, (), 0)
+    pb = pol.on_arrival(b, (pa.layout,), 1)
+    assert pb.strategy == "direct" and pb.marginal_cost_h == 0.0
+    assert pb.layout.train_nodes == 1
+    member = pb.layout.members[-1].job
+    assert member.train_nodes == 1 and member.train_s == 200.0 and member.native is b
+    # Where the slower training breaks b's own SLO, it gets a group of its own.
+    tight = job("t", 40, 100, nodes=1, train_nodes=2, slo=1.2)
+    assert pol.on_arrival(tight, (pa.layout,), 1).new_group
+
+
+def test_opt_fits_larger_members_to_a_smaller_pool_when_cheaper():
+    cfg = PolicyConfig(bed=BED, migration_s=2.0)
+    a, b = job("a", 200, 40), job("b", 40, 100, nodes=1, train_nodes=2)
+    cost, layout = OptimalScheduler(cfg).best_group((a, b))
+    assert layout.train_nodes == 1 and cost == BED.cost_per_h(1, 1)
+    assert {m.job.native.job_id: m.job.train_nodes for m in layout.members} == {"a": 1, "b": 1}
+    # Re-planning from fitted copies starts from the jobs as submitted.
+    again = OptimalScheduler(cfg).on_arrival(job("c", 30, 30), (layout,), 1)
+    assert all(m.job.native.job_id in "abc" for g in again.layouts for m in g.members)

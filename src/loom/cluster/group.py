@@ -24,8 +24,9 @@ class Member:
 class GroupLayout:
     """Jobs sharing `rollout_nodes` rollout and `train_nodes` training nodes by time-multiplexing.
 
-    Every member trains on the whole training pool (the job's data parallelism is adjusted to it,
-    §4.2 footnote 2); its rollout runs on its pinned `Member.nodes`. A `colocated` group runs
+    Members train one after another on the training pool: a job that asked for more nodes than
+    the pool has is fitted to it (its data parallelism is adjusted, §4.2 footnote 2, see
+    `MuxJob.on_train_pool`); its rollout runs on its pinned `Member.nodes`. A `colocated` group runs
     both phases on its training nodes (the veRL baseline) and has no rollout nodes.
     """
 

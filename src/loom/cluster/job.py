@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from loom.core.errors import ConfigError
 from loom.core.jobs import PhaseKind, PhaseSpec, RLJobSpec
@@ -37,6 +37,8 @@ class MuxJob:
     # Worst-case rollout time on the job's training GPUs, for co-located baselines (veRL); None:
     # as on the rollout pool. See `loom.cluster.colocation`.
     colocated_roll_s: float | None = None
+    # The job as submitted, when this copy was fitted to a smaller training pool (`on_train_pool`).
+    submitted: MuxJob | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.rollout_nodes < 1 or self.train_nodes < 1:
@@ -61,9 +63,36 @@ class MuxJob:
         return self.roll_s + self.train_s + self.sync_s
 
     @property
+    def native(self) -> MuxJob:
+        """The job as submitted (itself unless fitted to a group's training pool)."""
+        return self.submitted or self
+
+    @property
     def slo_bound_s(self) -> float:
-        """Longest co-executed iteration the SLO allows."""
-        return self.slo * self.solo_s
+        """Longest co-executed iteration the SLO allows: relative to solo execution on the
+        job's own pools, also when it trains on fewer nodes in a group."""
+        return self.slo * self.native.solo_s
+
+    def on_train_pool(self, nodes: int) -> MuxJob:
+        """The job fitted to a group's training pool of `nodes` nodes (§4.2, footnote 2: the
+        pool is not scaled, the arriving job's data parallelism is adjusted to its size). On
+        fewer nodes than it asked for, training takes proportionally longer (data-parallel
+        compute at a fixed global batch) and each node caches a proportionally larger shard of
+        its state. NOTE: on a larger pool the job keeps its own degree (it trains on a subset,
+        at its own speed), so the pool can shrink back when larger members leave."""
+        base = self.native
+        if nodes < 1:
+            raise ConfigError(f"job {self.job_id!r}: a training pool needs >= 1 node")
+        if nodes >= base.train_nodes:
+            return base
+        f = base.train_nodes / nodes
+        return replace(
+            base,
+            train_nodes=nodes,
+            train_s=base.train_s * f,
+            train_mem_gb=base.train_mem_gb * f,
+            submitted=base,
+        )
 
     def to_spec(self, gpus_per_node: int = 8) -> RLJobSpec:
         """The job in the shared vocabulary."""

@@ -1,9 +1,11 @@
 """The offline optimum (§7.5 "Opt"): exhaustive search over groupings and placements.
 
 For a set of jobs it enumerates every group (at most `max_group_size` jobs) and, for each, every
-pinning of its rollouts onto rollout nodes up to relabeling, keeping the cheapest layout that
-passes the same memory and worst-case SLO checks as RollMux. The cheapest partition of the jobs
-into such groups is an exact set-partitioning MILP (scipy's HiGHS).
+training-pool size a member asks for (larger members fitted to it, as RollMux fits arriving
+jobs) and every pinning of its rollouts onto rollout nodes up to relabeling, keeping the
+cheapest layout that passes the same memory and worst-case SLO checks as RollMux. The
+cheapest partition of the jobs into such groups is an exact set-partitioning MILP (scipy's
+HiGHS).
 
 As in §7.5, it "assigns arriving jobs to offline optimal placements ... including job reordering
 and re-grouping that are infeasible in online deployments": every arrival re-plans all running
@@ -81,20 +83,24 @@ class OptimalScheduler:
         if self._give_up is not None and self._give_up():
             raise OptTimeout
         bed, host = self.config.bed, self.config.bed.host_memory_gb
-        train = max(j.train_nodes for j in jobs)
         found: tuple[float, GroupLayout] | None = None
-        for assign, used in sorted(pinnings([j.rollout_nodes for j in jobs]), key=lambda a: a[1]):
-            if found is not None and used > found[1].rollout_nodes:
-                break
-            layout = GroupLayout(
-                group_id=-1,
-                members=tuple(Member(job=j, nodes=n) for j, n in zip(jobs, assign, strict=True)),
-                rollout_nodes=used,
-                train_nodes=train,
-            )
-            if check_layout(layout, host, self.config.migration_s if len(jobs) > 1 else 0.0).ok:
-                found = (layout.cost_per_h(bed), layout)
-                break
+        # Every training-pool size a member asks for; larger members are fitted to it.
+        for train in sorted({j.native.train_nodes for j in jobs}):
+            fit = [j.on_train_pool(train) for j in jobs]
+            ways = sorted(pinnings([j.rollout_nodes for j in fit]), key=lambda a: a[1])
+            for assign, used in ways:
+                if found is not None and bed.cost_per_h(used, train) >= found[0]:
+                    break
+                layout = GroupLayout(
+                    group_id=-1,
+                    members=tuple(Member(job=j, nodes=n) for j, n in zip(fit, assign, strict=True)),
+                    rollout_nodes=used,
+                    train_nodes=train,
+                )
+                mig = self.config.migration_s if len(jobs) > 1 else 0.0
+                if check_layout(layout, host, mig).ok:
+                    found = (layout.cost_per_h(bed), layout)
+                    break
         self._best[key] = found
         return found
 
@@ -158,7 +164,7 @@ class OptimalScheduler:
         )
 
     def on_arrival(self, job: MuxJob, groups: Sequence[GroupLayout], next_group_id: int) -> Regroup:
-        active = [m.job for g in groups for m in g.members] + [job]
+        active = [m.job.native for g in groups for m in g.members] + [job]
         return Regroup(layouts=self.solve(active, next_group_id))
 
     def regroup(self, groups: Sequence[GroupLayout], next_group_id: int) -> Regroup | None:
@@ -166,7 +172,7 @@ class OptimalScheduler:
         if not self.regroup_on_departure:
             return None
         return Regroup(
-            layouts=self.solve([m.job for g in groups for m in g.members], next_group_id)
+            layouts=self.solve([m.job.native for g in groups for m in g.members], next_group_id)
         )
 
     def forget(self, job_ids: Sequence[str]) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from loom.cluster.group import GroupLayout, Member
 from loom.cluster.job import MuxJob
 from loom.cluster.policy import CLUSTER_POLICIES, ClusterPolicyKind, Placement, PolicyConfig
-from loom.cluster.rollmux.placements import can_join, isolated_layout, roomy_nodes
+from loom.cluster.rollmux.placements import can_join, fitted, isolated_layout, roomy_nodes
 from loom.sim.rng import stream
 
 __all__ = ["GreedyMostIdle", "RandomFit", "idle_share"]
@@ -62,7 +62,7 @@ class RandomFit:
         group, roomy = options[pick]
         chosen = self.rng.choice(len(roomy), size=job.rollout_nodes, replace=False)
         nodes = tuple(sorted(roomy[int(i)] for i in chosen))
-        layout = group.with_member(Member(job=job, nodes=nodes), group.rollout_nodes)
+        layout = group.with_member(Member(job=fitted(group, job), nodes=nodes), group.rollout_nodes)
         return Placement(layout=layout, new_group=False, marginal_cost_h=0.0, strategy="random")
 
 
@@ -82,7 +82,7 @@ class GreedyMostIdle:
             return _new(job, next_group_id, self.config)
         _idle, group, roomy = best
         nodes = tuple(sorted(roomy[: job.rollout_nodes]))  # roomy is least-loaded first
-        layout = group.with_member(Member(job=job, nodes=nodes), group.rollout_nodes)
+        layout = group.with_member(Member(job=fitted(group, job), nodes=nodes), group.rollout_nodes)
         return Placement(layout=layout, new_group=False, marginal_cost_h=0.0, strategy="greedy")
 
 

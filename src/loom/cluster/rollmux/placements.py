@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from loom.cluster.group import GroupLayout, Member
 from loom.cluster.job import MuxJob
 
-__all__ = ["Candidate", "can_join", "generate_placements", "isolated_layout"]
+__all__ = ["Candidate", "can_join", "fitted", "generate_placements", "isolated_layout"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,13 +29,17 @@ def isolated_layout(job: MuxJob, group_id: int) -> GroupLayout:
     )
 
 
+def fitted(group: GroupLayout, job: MuxJob) -> MuxJob:
+    """`job` as it would run in `group`: fitted to the group's training pool."""
+    return job.on_train_pool(group.train_nodes)
+
+
 def can_join(group: GroupLayout, job: MuxJob, max_group_size: int, host_memory_gb: float) -> bool:
-    """Group size, training pool and training-node memory allow `job` at all."""
+    """Group size and training-node memory allow `job` (fitted to the pool) at all."""
     return (
         not group.colocated
         and len(group.members) < max_group_size
-        and job.train_nodes <= group.train_nodes
-        and group.train_mem_gb + job.train_mem_gb <= host_memory_gb + 1e-9
+        and group.train_mem_gb + fitted(group, job).train_mem_gb <= host_memory_gb + 1e-9
     )
 
 
@@ -54,7 +58,9 @@ def generate_placements(
     group: GroupLayout, job: MuxJob, host_memory_gb: float
 ) -> Iterator[Candidate]:
     """Direct packing onto the least-loaded roomy nodes, then rollout scaling with 1..r new
-    nodes (just enough: the rest of the job's nodes stay on existing ones)."""
+    nodes (just enough: the rest of the job's nodes stay on existing ones); the job is fitted
+    to the group's training pool."""
+    job = fitted(group, job)
     r = job.rollout_nodes
     roomy = roomy_nodes(group, job, host_memory_gb)
     for new in range(0, r + 1):
