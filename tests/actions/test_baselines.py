@@ -39,16 +39,22 @@ def kube(**kw: float) -> Kubernetes:
 
 
 # ---- Kubernetes ------------------------------------------------------------------------------
+def _start(k, n: int) -> tuple[list, float]:
+    """Advance from time 0 through the policy's wake-ups until `n` actions have started."""
+    started, now = k.schedule(0.0), 0.0
+    while len(started) < n:
+        now = k.next_wakeup(now)
+        started += k.schedule(now)
+    return started, now
+
+
 def test_k8s_queues_pods_when_the_node_is_full() -> None:
     """Four pods of 4 GB fill a 16 GB node; the fifth stays pending until a pod terminates."""
     k = kube(termination_s=30.0)
     for i in range(5):
         k.begin_trajectory(f"t{i}", 0.0)
         k.submit(cpu_action(i), 0.0)
-    started, now = k.schedule(0.0), 0.0
-    while len(started) < 4:
-        now = k.next_wakeup(now)
-        started += k.schedule(now)
+    started, now = _start(k, 4)
     assert now == pytest.approx(0.3)  # one bind per 0.1 s
     assert k.schedule(now) == [] and k.pending_pods == 1 and k.queued == 1
     assert [s.overhead_s for s in started] == pytest.approx([2.1] * 4)
@@ -79,10 +85,7 @@ def test_k8s_node_starts_a_burst_of_pods_at_its_rate() -> None:
     for i in range(4):
         k.begin_trajectory(f"t{i}", 0.0)
         k.submit(cpu_action(i), 0.0)
-    started, now = k.schedule(0.0), 0.0
-    while len(started) < 4:
-        now = k.next_wakeup(now)
-        started += k.schedule(now)
+    started, _ = _start(k, 4)
     ready = [
         s.overhead_s - 0.1 + now_ for s, now_ in zip(started, (0.0, 0.01, 0.02, 0.03), strict=True)
     ]

@@ -76,21 +76,8 @@ def test_plan_first_starts_a_long_trajectory_its_prompt_estimate_missed():
     # call predicted long; a third is as long, but its prompt estimate is the lowest. Ranked by
     # that estimate it waits for the known ones to finish; plan-first runs its first step
     # before their later ones, and its refined prediction then competes on equal terms.
-    def traj(i, outs):
-        turns = tuple(
-            TurnSpec(
-                input_tokens=100,
-                output_tokens=o,
-                tool_latency_s=0.01 if j < len(outs) - 1 else None,
-            )
-            for j, o in enumerate(outs)
-        )
-        return TrajectorySpec(
-            traj_id=i, prompt_id=i, sample_idx=0, workload=WorkloadKind.MATH, turns=turns
-        )
-
-    trajs = [traj(0, [1000] * 5), traj(1, [1000] * 5), traj(2, [200]), traj(3, [200])]
-    trajs.append(traj(4, [1000] * 4))
+    trajs = [_traj(i, outs, tool_s=0.01) for i, outs in enumerate(([1000] * 5, [1000] * 5))]
+    trajs += [_traj(2, [200]), _traj(3, [200]), _traj(4, [1000] * 4, tool_s=0.01)]
     preds = [(5000.0,) * 5, (5000.0,) * 5, (300.0,), (300.0,), (100.0, 4000.0, 4000.0, 4000.0)]
     cfg = RolloutConfig(model="qwen3-8b", max_running=2, decode_reserve=0)
 
@@ -209,12 +196,12 @@ def test_stale_is_empty_without_migration():
     assert r.stale() == []
 
 
-def _traj(i, outs):
+def _traj(i, outs, tool_s=0.001):
     turns = tuple(
         TurnSpec(
             input_tokens=100,
             output_tokens=o,
-            tool_latency_s=0.001 if j < len(outs) - 1 else None,
+            tool_latency_s=tool_s if j < len(outs) - 1 else None,
         )
         for j, o in enumerate(outs)
     )

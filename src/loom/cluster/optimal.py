@@ -84,6 +84,7 @@ class OptimalScheduler:
             raise OptTimeout
         bed, host = self.config.bed, self.config.bed.host_memory_gb
         found: tuple[float, GroupLayout] | None = None
+        mig = self.config.migration_s if len(jobs) > 1 else 0.0
         # Every training-pool size a member asks for; larger members are fitted to it.
         for train in sorted({j.native.train_nodes for j in jobs}):
             fit = [j.on_train_pool(train) for j in jobs]
@@ -97,7 +98,6 @@ class OptimalScheduler:
                     rollout_nodes=used,
                     train_nodes=train,
                 )
-                mig = self.config.migration_s if len(jobs) > 1 else 0.0
                 if check_layout(layout, host, mig).ok:
                     found = (layout.cost_per_h(bed), layout)
                     break
