@@ -118,7 +118,8 @@ def serve_actions(
         typer.Option("--cores", help='cores to schedule, e.g. "0-7,16" (default: all allowed)'),
     ] = None,
     policy: Annotated[
-        str | None, typer.Option("--policy", help="action policy (tangram, dop4, dop16)")
+        str | None,
+        typer.Option("--policy", help="action policy (tangram, tangram_lookahead, dop4, dop16)"),
     ] = None,
 ) -> None:
     """Serve tool and reward actions over HTTP, scheduled by an action policy."""

@@ -415,3 +415,69 @@ def test_submission_caches_the_key_resource_table() -> None:
     assert list(scalable.durs) == [2, 3, 4, 5, 6]
     assert scalable.durs[4] == scalable.action.duration_s(4)
     assert unknown.table is None and not unknown.scalable  # never arranged
+
+
+# -- arrival lookahead (beyond Algorithm 2) ------------------------------------------------
+def _lone_after_steady_stream(lookahead: bool, arrivals: int = 10) -> int:
+    """Units a lone arrival gets at an idle 64-core node after `arrivals` others came one a
+    second (each ran briefly, so every arrival found the node idle)."""
+    sched = ElasticScheduler(
+        [cpu_manager(cores=64, numa=1)], TangramConfig(lookahead_arrivals=lookahead)
+    )
+    for i in range(arrivals + 1):
+        sched.submit(cpu_action(i, hi=32, t=100.0, p=0.92), float(i))
+        (s,) = sched.schedule(float(i))
+        if i == arrivals:
+            return s.units
+        sched.finish(s.action.action_id, i + 0.5)
+    raise AssertionError("unreachable")
+
+
+def test_lookahead_trades_a_lone_arrivals_units_for_expected_arrivals() -> None:
+    assert _lone_after_steady_stream(False) == 32  # Algorithm 1: every free core it can use
+    with_lookahead = _lone_after_steady_stream(True)
+    # About ten more are expected within its ~11 s at 32 cores, on 64 cores.
+    assert 1 <= with_lookahead < 32
+    # With none observed, nothing is expected: the same as Algorithm 1.
+    assert _lone_after_steady_stream(True, arrivals=0) == 32
+
+
+def test_estimate_counts_an_expected_arrivals_act_from_its_arrival() -> None:
+    from loom.actions.tangram.scheduler import _estimate
+
+    durs = {1: 8.0, 2: 4.0}
+    free_then_busy = [0.0, 0.0, 10.0, 10.0]
+    # Arriving at 1 s on two free units: it takes both, ACT 4 s.
+    assert _estimate(list(free_then_busy), [], [], [(1.0, 1, 2, [1, 2], durs)]) == 4.0
+    # A second at 2 s finds none free, waits for its least (a unit frees at 5 s): 3 + 8 s.
+    two = [(1.0, 1, 2, [1, 2], durs), (2.0, 1, 2, [1, 2], durs)]
+    assert _estimate(list(free_then_busy), [], [], two) == 4.0 + 11.0
+    # Capped at one unit each, both start on arrival: 8 + 8 s.
+    assert _estimate(list(free_then_busy), [], [], two, limit=1) == 16.0
+    # One wanting more units than the domain holds takes them all (a pass gives no more).
+    wide = {1: 8.0, 2: 4.0, 4: 2.0, 8: 1.0}
+    assert _estimate([0.0] * 4, [], [], [(1.0, 1, 8, [1, 2, 4, 8], wide)]) == 2.0
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.sampled_from([1, 2]))
+def test_lookahead_without_observed_arrivals_is_algorithm_1(seed: int, cpu_nodes: int) -> None:
+    def mgrs() -> list:
+        return [cpu_manager(cores=32, nodes=cpu_nodes), gpu_manager(), basic_manager()]
+
+    plans = []
+    for on in (False, True):
+        sched = ElasticScheduler(mgrs(), TangramConfig(lookahead_arrivals=on))
+        for a in _seeded_actions(seed):
+            sched.submit(a, 0.0)
+        plans.append(sched.plan(0.0))
+    assert plans[0] == plans[1]
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_lookahead_drains_every_action_as_it_plans(seed: int) -> None:
+    mgrs = [cpu_manager(cores=32, nodes=2), gpu_manager(), basic_manager()]
+    actions = _seeded_actions(seed)
+    log = _passes(ElasticScheduler(mgrs, TangramConfig(lookahead_arrivals=True)), actions)
+    assert sorted(e[1] for e in log) == sorted(a.action_id for a in actions)

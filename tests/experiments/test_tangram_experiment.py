@@ -144,7 +144,7 @@ def test_quick_reproduce_writes_every_experiment(tmp_path) -> None:
     assert {r["policy"] for r in f8} == {"tangram", "k8s", "sglang_static", "serverlessllm"}
     assert {r["sweep"] for r in f8} == {"batch", "capacity", "cost"}
     f9 = [r for r in recs if r["experiment"] == "fig9"]
-    assert {r["policy"] for r in f9} == {"tangram", "dop4", "dop16"}
+    assert {r["policy"] for r in f9} == {"tangram", "tangram_lookahead", "dop4", "dop16"}
     t1 = [r for r in recs if r["experiment"] == "table1"]
     assert len(t1) == 4 and all({"exec_s", "queue_s", "overhead_s"} <= set(r) for r in t1)
     metrics = {r["metric"] for r in recs if r["experiment"] == "summary"}

@@ -153,3 +153,15 @@ def test_claims_refuse_busy_or_unknown_cores() -> None:
     claims.release(_start("a", (0, 1)))
     claims.claim(_start("b", (1, 2)))
     assert claims.busy_cores == {1, 2}
+
+
+def test_server_runs_tangram_with_arrival_lookahead() -> None:
+    from loom.actions.policy import ActionPolicyKind
+    from loom.actions.tangram.scheduler import ElasticScheduler
+    from loom.runtime.actions.config import ActionServerConfig
+    from loom.runtime.actions.driver import ActionDriver
+
+    plain = ActionDriver(ActionServerConfig()).policy
+    assert isinstance(plain, ElasticScheduler) and not plain.config.lookahead_arrivals
+    on = ActionDriver(ActionServerConfig(policy=ActionPolicyKind.TANGRAM_LOOKAHEAD)).policy
+    assert isinstance(on, ElasticScheduler) and on.config.lookahead_arrivals

@@ -93,6 +93,7 @@ def independent(bed: Testbed) -> ActionPolicy:
 World = Callable[[int], tuple[Testbed, list[list[TrajectoryPlan]]]]
 CASES: list[tuple[str, World, Callable[[Testbed], ActionPolicy]]] = [
     ("tangram-coding", coding_world, tangram_like(P.TANGRAM)),
+    ("lookahead-coding", coding_world, tangram_like(P.TANGRAM_LOOKAHEAD)),
     ("dop4-coding", coding_world, tangram_like(P.DOP4)),
     ("dop16-coding", coding_world, tangram_like(P.DOP16)),
     ("k8s-coding", coding_world, k8s),
@@ -100,6 +101,7 @@ CASES: list[tuple[str, World, Callable[[Testbed], ActionPolicy]]] = [
     ("sglang-mopd", mopd_world, gpu_baseline(P.SGLANG_STATIC)),
     ("serverless-mopd", mopd_world, gpu_baseline(P.SERVERLESSLLM)),
     ("tangram-search", search_world, tangram_like(P.TANGRAM)),
+    ("lookahead-mopd", mopd_world, tangram_like(P.TANGRAM_LOOKAHEAD)),
     ("independent-search", search_world, independent),
     ("serverless-search", search_world, gpu_baseline(P.SERVERLESSLLM)),
 ]

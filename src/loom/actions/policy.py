@@ -20,6 +20,7 @@ __all__ = ["ACTION_POLICIES", "ActionPolicy", "ActionPolicyKind", "Start"]
 
 class ActionPolicyKind(StrEnum):
     TANGRAM = "tangram"  # elastic scheduler with greedy eviction (Algorithm 1)
+    TANGRAM_LOOKAHEAD = "tangram_lookahead"  # the same, estimating expected arrivals too
     DOP4 = "dop4"  # same managers, elastic actions fixed at 4 units
     DOP16 = "dop16"  # same managers, elastic actions fixed at 16 units
     K8S = "k8s"  # a pod per trajectory for its whole life

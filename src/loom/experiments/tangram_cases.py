@@ -46,6 +46,15 @@ __all__ = ["REWARD_TRACE", "Case", "run_case"]
 REWARD_TRACE = "coding_reward"  # §6.4's benchmark: the reward actions of AI coding alone
 API_FULL_BATCH = 2048  # §6.1: API limits are sized for DeepSearch's batch of 2048
 CODING = CodingParams()
+# Policies that schedule every kind of action themselves (Tangram's scheduler, its variants).
+ELASTIC = frozenset(
+    {
+        ActionPolicyKind.TANGRAM,
+        ActionPolicyKind.TANGRAM_LOOKAHEAD,
+        ActionPolicyKind.DOP4,
+        ActionPolicyKind.DOP16,
+    }
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,7 +91,7 @@ def _components(case: Case) -> dict[str, str]:
     p = case.policy.value
     wl = case.workload
     tangram = ActionPolicyKind.TANGRAM.value
-    if case.policy in (ActionPolicyKind.TANGRAM, ActionPolicyKind.DOP4, ActionPolicyKind.DOP16):
+    if case.policy in ELASTIC:
         return {"all": p}
     if wl == ActionWorkloadKind.DEEPSEARCH:
         return {"api": p, "gpu": ActionPolicyKind.SGLANG_STATIC.value}
@@ -121,7 +130,7 @@ def build_policy(case: Case, bed: Testbed) -> ActionPolicy:
     kind = case.policy
     managers = bed.managers()
     make = ACTION_POLICIES.get(kind)
-    if kind in (ActionPolicyKind.TANGRAM, ActionPolicyKind.DOP4, ActionPolicyKind.DOP16):
+    if kind in ELASTIC:
         return make(managers)
     if kind == ActionPolicyKind.K8S:
         return make(managers, config=KubeConfig(pod_memory_gb=float(CODING.memory_gb)))
