@@ -8,7 +8,8 @@ the exact ACTs of the candidates under DPArrange plus the remaining queue's ACTs
 the completion heap (with `depth` allocation choices for its first action).
 
 With `lookahead_arrivals` (beyond Algorithm 2, off by default) the estimate also counts the
-actions expected to arrive in the domain while the decision's units are held; see `_Phantoms`.
+actions expected to arrive in the domain while the decision's units are held; see
+`ElasticScheduler._phantoms`.
 """
 
 from __future__ import annotations
@@ -385,9 +386,10 @@ class ElasticScheduler:
         rec = self._recent.get(group)
         if rec is None:
             rec = self._recent[group] = deque(maxlen=self.config.lookahead)
-        most = q.top if q.scalable else q.units
-        keys = [u for u in q.durs if u <= most] if q.scalable else [q.units]
-        durs = q.durs if q.scalable else {q.units: q.durs[q.units]}
+        if q.scalable:  # a pass may give it any of its counts
+            most, keys, durs = q.top, list(q.durs), q.durs
+        else:  # a pass gives it its first count only
+            most, keys, durs = q.units, [q.units], {q.units: q.durs[q.units]}
         rec.append(_Arrival(q.submit_s, q.durs[units], q.units, most, keys, durs))
 
     # -- phase 3: concrete allocation ------------------------------------------------------
