@@ -34,8 +34,17 @@ class RolloutConfig:
     model: str = field(default="qwen3-14b", metadata={"help": "model key in perf/data/models.toml"})
     gpu: GpuType = field(default=GpuType.H100, metadata={"help": "GPU type of every worker"})
     gpus_per_node: int = field(default=8, metadata={"help": "GPUs per node (NVLink domain)"})
-    max_running: int = field(default=256, metadata={"help": "max running turns per worker"})
-    chunk_tokens: int = field(default=8192, metadata={"help": "chunked-prefill tokens/iteration"})
+    max_running: int = field(
+        default=1024,
+        metadata={
+            "help": "max running turns per worker: verl's rollout default (max_num_seqs 1024, "
+            "beside max_num_batched_tokens 8192); SGLang's own default is larger still, so "
+            "small workers are bound by KV memory, not by this"
+        },
+    )
+    chunk_tokens: int = field(
+        default=8192, metadata={"help": "chunked-prefill tokens/iteration (verl's default)"}
+    )
     decode_reserve: int = field(
         default=2048, metadata={"help": "KV tokens reserved per running turn at admission"}
     )
