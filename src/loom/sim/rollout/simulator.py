@@ -38,8 +38,8 @@ class RolloutConfig:
         default=1024,
         metadata={
             "help": "max running turns per worker: verl's rollout default (max_num_seqs 1024, "
-            "beside max_num_batched_tokens 8192); SGLang's own default is larger still, so "
-            "small workers are bound by KV memory, not by this"
+            "beside max_num_batched_tokens 8192; SGLang's own default is larger). Workers of "
+            "one or two GPUs run out of KV memory long before this"
         },
     )
     chunk_tokens: int = field(
