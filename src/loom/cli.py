@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from loom.core.errors import UnknownPolicyError
 from loom.experiments.registry import SYSTEMS
-from loom.experiments.report import Record, print_tables, write_csvs, write_json
+from loom.experiments.report import Record, Task, print_tables, write_csvs, write_json
 
 app = typer.Typer(
     help="Loom: resource orchestration for RL post-training of LLMs.",
@@ -21,7 +21,6 @@ app = typer.Typer(
     add_completion=False,
 )
 console = Console()
-Task = tuple[str, Callable[[], list[Record]]]
 
 
 @app.callback()

@@ -17,7 +17,7 @@ import numpy as np
 
 from loom.core.topology import GpuType
 from loom.core.trajectory import TrajectorySpec, WorkloadKind
-from loom.experiments.report import Record, bar_plot, by_experiment
+from loom.experiments.report import Record, Task, bar_plot, by_experiment
 from loom.rollout.baselines import CacheAwareRouter, HybridRouter, LeastLoadRouter
 from loom.rollout.heddle.placement import presorted_dp_hetero
 from loom.rollout.heddle.planner import AnnealingPlanner, FixedPlanner, SimulatedDegreeCost
@@ -167,7 +167,6 @@ def _result_fields(res: RolloutResult) -> Record:
 
 
 # ---- the experiments: each yields (label, thunk) so the caller can show progress ----------
-Task = tuple[str, Callable[[], list[Record]]]
 
 
 def fig12_tasks(

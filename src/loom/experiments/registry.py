@@ -8,7 +8,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from loom.core.registry import Registry
-from loom.experiments.report import Record
+from loom.experiments.report import Record, Task
 
 __all__ = ["SYSTEMS", "Reproduction", "SystemKind"]
 
@@ -23,7 +23,7 @@ class SystemKind(StrEnum):
 class Reproduction:
     """How to reproduce one system: tasks to run, plots to draw, headline ratios."""
 
-    tasks: Callable[[int, bool], tuple[int, Iterator[tuple[str, Callable[[], list[Record]]]]]]
+    tasks: Callable[[int, bool], tuple[int, Iterator[Task]]]
     plot: Callable[[list[Record], Path], list[Path]]
     summary: Callable[[list[Record]], list[Record]]
 

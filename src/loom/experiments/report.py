@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Record",
+    "Task",
     "bar_plot",
     "by_experiment",
     "line_plot",
@@ -33,6 +34,8 @@ __all__ = [
 ]
 
 Record = dict[str, Any]
+# One unit of work of a reproduction: a progress label (its experiment first) and a thunk.
+Task = tuple[str, Callable[[], list[Record]]]
 
 
 def by_experiment(records: Iterable[Record]) -> dict[str, list[Record]]:

@@ -21,7 +21,7 @@ from loom.cluster.params import noise_model, testbed
 from loom.cluster.rollmux.inter import RollMuxScheduler
 from loom.cluster.sync import sync_times
 from loom.core.jobs import PhaseKind
-from loom.experiments.report import Record, bar_plot, by_experiment
+from loom.experiments.report import Record, Task, bar_plot, by_experiment
 from loom.sim.cluster import ClusterResult, ClusterSimulator
 from loom.sim.workloads.rl_jobs import (
     KINDS,
@@ -275,9 +275,7 @@ EXPERIMENTS: dict[str, Callable[[int, bool], list[Record]]] = {
 }
 
 
-def run_experiments(
-    seed: int, quick: bool
-) -> tuple[int, Iterator[tuple[str, Callable[[], list[Record]]]]]:
+def run_experiments(seed: int, quick: bool) -> tuple[int, Iterator[Task]]:
     tasks = [(name, (lambda f=f: f(seed, quick))) for name, f in EXPERIMENTS.items()]
     return len(tasks), iter(tasks)
 

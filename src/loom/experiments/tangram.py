@@ -16,7 +16,7 @@ from typing import Any
 
 from loom.actions.policy import ActionPolicyKind
 from loom.core.actions import ActionKind
-from loom.experiments.report import Record, bar_plot, by_experiment, line_plot
+from loom.experiments.report import Record, Task, bar_plot, by_experiment, line_plot
 from loom.experiments.tangram_cases import REWARD_TRACE, Case, run_case
 from loom.sim.actions import SimResult, Stage
 from loom.sim.workloads.actions import CPU_NODE_CORES, ActionWorkloadKind
@@ -25,7 +25,6 @@ __all__ = ["TangramScale", "plot", "run_experiments", "summary"]
 
 P = ActionPolicyKind
 W = ActionWorkloadKind
-Task = tuple[str, Callable[[], list[Record]]]
 
 # §6.1 "Baselines": the workload-specific baseline each workload is compared with.
 BASELINE = {
