@@ -86,5 +86,6 @@ def test_quick_reproduce_writes_every_experiment(tmp_path):
     fig14 = [r for r in doc["records"] if r["experiment"] == "fig14"]
     assert {r["policy"] for r in fig14} == {"pps", "fcfs", "rr", "sjf"}
     assert all("longest_queue_delay_s" in r for r in fig14)
+    assert all(0 < r["mean_active_trajectories"] <= r["trajectories"] for r in fig14)
     assert (tmp_path / "heddle" / "fig12.png").exists()
     assert (tmp_path / "heddle" / "fig12.csv").exists()

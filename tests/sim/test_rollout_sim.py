@@ -68,6 +68,16 @@ def test_same_seed_same_result(batch):
     assert np.array_equal(a.finish_s, b.finish_s) and a.prefill_tokens == b.prefill_tokens
 
 
+@pytest.mark.parametrize("sched", ["pps", "fcfs"])
+def test_mean_active_is_the_mean_lifetime_over_the_makespan(batch, sched):
+    # Every trajectory is alive from 0 to its finish, so the time-average of the active count
+    # is the sum of finish times over the makespan.
+    _, res = _run(batch, (2, 1, 1), sched, "heddle", preds=_oracle(batch))
+    expected = res.finish_s.sum() / res.makespan_s
+    assert res.mean_active == pytest.approx(expected, rel=1e-9)
+    assert 1.0 <= res.mean_active <= len(batch)
+
+
 def test_cache_affinity_saves_prefill(batch):
     _, pinned = _run(batch, (1, 1, 1, 1), "rr", "cache")
     _, spread = _run(batch, (1, 1, 1, 1), "rr", "least")

@@ -157,6 +157,7 @@ ROUTER_FACTORIES: dict[PlacementKind, Callable[[Scenario, SystemSpec], Router]] 
 
 def _result_fields(res: RolloutResult) -> Record:
     return {
+        "trajectories": len(res.finish_s),
         "throughput_tok_s": res.throughput_tok_s,
         "rollout_time_s": res.makespan_s,
         "output_tokens": res.output_tokens,
@@ -252,13 +253,21 @@ def fig14_tasks(cells: Callable[[WorkloadKind, str], Scenario]) -> Iterator[Task
     """Schedulers compared on Heddle's layout with at least two workers, as in fig15. NOTE: at
     8 GPUs (`--quick`) Heddle's planner picks one TP8 worker, which admits the whole batch at
     once (1,024 running turns), so no turn queues and the four schedulers tie within 0.5%; the
-    multi-worker constraint binds only there."""
+    multi-worker constraint binds only there. `mean_active_trajectories` (unfinished ones,
+    averaged over the rollout) shows the price of longest-first: the short trajectories it
+    defers stay alive, share the batches of the long ones and slow their decoding."""
     variants = {
         k.value: SystemSpec(scheduler=k, placement=PlacementKind.HEDDLE, multi_worker=True)
         for k in (SchedulerKind.PPS, SchedulerKind.FCFS, SchedulerKind.RR, SchedulerKind.SJF)
     }
     return _ablation_tasks(
-        "fig14", cells, variants, lambda r: {"longest_queue_delay_s": r.longest_queue_delay_s}
+        "fig14",
+        cells,
+        variants,
+        lambda r: {
+            "longest_queue_delay_s": r.longest_queue_delay_s,
+            "mean_active_trajectories": r.mean_active,
+        },
     )
 
 

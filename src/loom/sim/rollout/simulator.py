@@ -79,6 +79,16 @@ class RolloutResult:
         return self.output_tokens / self.makespan_s if self.makespan_s > 0 else 0.0
 
     @property
+    def mean_active(self) -> float:
+        """Trajectories not yet finished, averaged over the rollout's time: how many share the
+        workers at once (each step of `active_series` holds until the next)."""
+        if self.makespan_s <= 0:
+            return float(self.active_series[0][1]) if self.active_series else 0.0
+        t = np.array([s[0] for s in self.active_series] + [self.makespan_s])
+        n = np.array([s[1] for s in self.active_series], dtype=float)
+        return float(np.dot(n, np.diff(t)) / self.makespan_s)
+
+    @property
     def longest_queue_delay_s(self) -> float:
         """Total queueing delay of the trajectory that finished last (Heddle Fig. 14)."""
         return float(self.queue_delay_s[int(np.argmax(self.finish_s))])
