@@ -76,6 +76,10 @@ def test_mean_active_is_the_mean_lifetime_over_the_makespan(batch, sched):
     expected = res.finish_s.sum() / res.makespan_s
     assert res.mean_active == pytest.approx(expected, rel=1e-9)
     assert 1.0 <= res.mean_active <= len(batch)
+    # The active series steps down at every finish: its time-average is the same.
+    t = np.array([s[0] for s in res.active_series] + [res.makespan_s])
+    n = np.array([s[1] for s in res.active_series], dtype=float)
+    assert np.dot(n, np.diff(t)) / res.makespan_s == pytest.approx(expected, rel=1e-9)
 
 
 def test_cache_affinity_saves_prefill(batch):

@@ -81,12 +81,10 @@ class RolloutResult:
     @property
     def mean_active(self) -> float:
         """Trajectories not yet finished, averaged over the rollout's time: how many share the
-        workers at once (each step of `active_series` holds until the next)."""
-        if self.makespan_s <= 0:
-            return float(self.active_series[0][1]) if self.active_series else 0.0
-        t = np.array([s[0] for s in self.active_series] + [self.makespan_s])
-        n = np.array([s[1] for s in self.active_series], dtype=float)
-        return float(np.dot(n, np.diff(t)) / self.makespan_s)
+        workers at once. Every trajectory is alive from 0 to its finish, so this is the sum of
+        finish times over the makespan."""
+        n = len(self.finish_s)
+        return float(self.finish_s.sum() / self.makespan_s) if self.makespan_s > 0 else float(n)
 
     @property
     def longest_queue_delay_s(self) -> float:
