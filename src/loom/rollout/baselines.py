@@ -76,12 +76,28 @@ class CacheAwareRouter:
 
     def __post_init__(self) -> None:
         self._pin: dict[int, int] = {}
+        self._next = 0  # round-robin cursor over the workers
 
     def start(self, trajs: Sequence[TrajectoryView], workers: Sequence[WorkerView]) -> None:
+        """Pins the batch in submission order; a later call (runtime) re-pins only the
+        trajectories whose worker is gone."""
         if not workers:
             raise ConfigError("routing needs at least one worker")
-        for i, t in enumerate(trajs):
-            self._pin[t.traj_id] = workers[i % len(workers)].idx
+        live = {w.idx for w in workers}
+        for traj_id, w in list(self._pin.items()):
+            if w not in live:
+                self._pin[traj_id] = self._spread(workers)
+        for t in trajs:
+            if self._pin.get(t.traj_id) not in live:
+                self._pin[t.traj_id] = self._spread(workers)
+
+    def _spread(self, workers: Sequence[WorkerView]) -> int:
+        w = workers[self._next % len(workers)].idx
+        self._next += 1
+        return w
+
+    def join(self, t: TrajectoryView, workers: Sequence[WorkerView]) -> None:
+        self._pin.setdefault(t.traj_id, _least_loaded(workers))
 
     def route(self, t: TrajectoryView, workers: Sequence[WorkerView], now: float) -> int:
         if t.traj_id not in self._pin:
@@ -92,7 +108,7 @@ class CacheAwareRouter:
         return None
 
     def finish(self, t: TrajectoryView) -> None:
-        return None
+        self._pin.pop(t.traj_id, None)
 
     def stale(self) -> Sequence[int]:
         return ()
@@ -106,6 +122,9 @@ class LeastLoadRouter:
     def start(self, trajs: Sequence[TrajectoryView], workers: Sequence[WorkerView]) -> None:
         if not workers:
             raise ConfigError("routing needs at least one worker")
+
+    def join(self, t: TrajectoryView, workers: Sequence[WorkerView]) -> None:
+        return None
 
     def route(self, t: TrajectoryView, workers: Sequence[WorkerView], now: float) -> int:
         return _least_loaded(workers)
@@ -135,6 +154,9 @@ class HybridRouter:
     def start(self, trajs: Sequence[TrajectoryView], workers: Sequence[WorkerView]) -> None:
         if not workers:
             raise ConfigError("routing needs at least one worker")
+
+    def join(self, t: TrajectoryView, workers: Sequence[WorkerView]) -> None:
+        return None
 
     def route(self, t: TrajectoryView, workers: Sequence[WorkerView], now: float) -> int:
         loads = [w.load for w in workers]

@@ -84,7 +84,13 @@ class Router(Protocol):
     """Places trajectories on workers."""
 
     def start(self, trajs: Sequence[TrajectoryView], workers: Sequence[WorkerView]) -> None:
-        """Called once before the first turn with every trajectory of the batch."""
+        """Called before the first turn with every trajectory of a batch. The simulator calls it
+        once; the runtime calls it again for every batch declared while others run, and with
+        no trajectories when the workers change (added, drained, failed): the router then
+        re-plans the trajectories it still tracks over `workers`."""
+
+    def join(self, t: TrajectoryView, workers: Sequence[WorkerView]) -> None:
+        """A trajectory that no declared batch named arrives (runtime only): track it."""
 
     def route(self, t: TrajectoryView, workers: Sequence[WorkerView], now: float) -> int:
         """The worker that runs `t`'s next turn."""

@@ -39,7 +39,11 @@ from loom.core.errors import ConfigError
 from loom.rollout.heddle.placement import Placement, WorkerCost, presorted_dp_hetero
 from loom.rollout.policy import ROUTERS, PlacementKind, TrajectoryView, WorkerView
 
-__all__ = ["HeddleRouter"]
+__all__ = ["GROWTH", "HeddleRouter"]
+
+GROWTH = 0.1
+"""Runtime only: the DP runs again once trajectories that joined outside a declared batch have
+grown the tracked set by this fraction since it last ran."""
 
 
 class HeddleRouter:
@@ -65,6 +69,7 @@ class HeddleRouter:
         self._sizes: list[int] = []
         self._workers: list[int] = []
         self._n0 = 0
+        self._planned = 0  # trajectories tracked when the DP last ran
         self._changes = 0  # ranking changes since the last `stale` call
 
     def start(self, trajs: Sequence[TrajectoryView], workers: Sequence[WorkerView]) -> None:
@@ -73,19 +78,58 @@ class HeddleRouter:
         degrees = [w.tp for w in workers]
         if degrees != sorted(degrees, reverse=True):
             raise ConfigError(f"Heddle expects workers sorted by descending degree, got {degrees}")
+        first = self.placement is None and not self._ranked
+        self._costs = [self.worker_cost(w.tp) for w in workers]
+        self._workers = [w.idx for w in workers]
+        if first and trajs:
+            self._first_start(trajs, workers)
+            return
+        # NOTE: the runtime declares batches while others run and adds or drains workers; the
+        # DP then re-plans every tracked trajectory, and `stale` names those whose slice moved.
+        fresh = [t for t in trajs if t.traj_id not in self._pred]
+        for t in trajs:
+            self._track(t)
+        self._repartition(replan=True)
+        bounds = self._bounds()
+        for t in fresh:
+            self._home[t.traj_id] = self._slice(self._rank(t.traj_id), bounds)
+
+    def _first_start(self, trajs: Sequence[TrajectoryView], workers: Sequence[WorkerView]) -> None:
         lengths = [float(t.predicted_total) for t in trajs]
-        costs = [self.worker_cost(w.tp) for w in workers]
-        self._costs = costs
-        self.placement = presorted_dp_hetero(lengths, costs)
+        self.placement = presorted_dp_hetero(lengths, self._costs)
         for j, group in enumerate(self.placement.groups):
             for i in group:
                 self._home[trajs[i].traj_id] = workers[j].idx
         self._sizes = list(self.placement.sizes)
-        self._workers = [w.idx for w in workers]
-        self._n0 = len(trajs)
+        self._n0 = self._planned = len(trajs)
         for t in trajs:
-            self._pred[t.traj_id] = float(t.predicted_total)
-            self._ranked.add((-self._pred[t.traj_id], t.traj_id))
+            self._track(t)
+
+    def join(self, t: TrajectoryView, workers: Sequence[WorkerView]) -> None:
+        """A trajectory outside any declared batch (runtime): it takes the slice of its rank
+        and counts in that group's size, as if it had been declared. NOTE: once the tracked
+        set has grown by `GROWTH` since the DP last ran, the DP runs again over all of them."""
+        if t.traj_id in self._pred:
+            return
+        if self.placement is None and not self._ranked:
+            self.start([t], workers)
+            return
+        self._track(t)
+        if len(self._ranked) > (1 + GROWTH) * self._planned:
+            self._repartition(replan=True)
+            self._home[t.traj_id] = self._slice(self._rank(t.traj_id), self._bounds())
+            return
+        j = self._group(self._rank(t.traj_id), self._bounds())
+        self._sizes[j] += 1
+        self._n0 += 1
+        self._home[t.traj_id] = self._workers[j]
+
+    def _track(self, t: TrajectoryView) -> None:
+        old = self._pred.get(t.traj_id)
+        if old is not None:
+            self._ranked.discard((-old, t.traj_id))
+        self._pred[t.traj_id] = float(t.predicted_total)
+        self._ranked.add((-self._pred[t.traj_id], t.traj_id))
 
     def route(self, t: TrajectoryView, workers: Sequence[WorkerView], now: float) -> int:
         return self._home[t.traj_id]
@@ -101,20 +145,32 @@ class HeddleRouter:
         return target
 
     def finish(self, t: TrajectoryView) -> None:
-        self._ranked.discard((-self._pred[t.traj_id], t.traj_id))
+        pred = self._pred.pop(t.traj_id, None)
+        if pred is None:
+            return
+        self._home.pop(t.traj_id, None)
+        self._ranked.discard((-pred, t.traj_id))
         self._changes += 1
         n = len(self._ranked)
         due = self.repartition is not None and n <= (1 - self.repartition) * self._n0
         if due and n and self.migrate_enabled:
             self._repartition()
 
-    def _repartition(self) -> None:
-        """Re-run the presorted DP over the active trajectories' predictions."""
+    def _repartition(self, replan: bool = False) -> None:
+        """Re-run the presorted DP over the tracked trajectories' predictions; `replan` (a
+        declared batch, new workers) also keeps the result as `placement`."""
         lengths = [-neg for neg, _ in self._ranked]
         # groups are contiguous in descending order (one per worker): sizes are all it needs
-        self._sizes = list(presorted_dp_hetero(lengths, self._costs).sizes)
-        self._n0 = len(self._ranked)
+        if lengths:
+            placement = presorted_dp_hetero(lengths, self._costs)
+            self._sizes = list(placement.sizes)
+            if replan:
+                self.placement = placement
+        else:
+            self._sizes = [0] * len(self._costs)
+        self._n0 = self._planned = len(self._ranked)
         self._full_scan = True
+        self._changes += 1
 
     def stale(self) -> list[int]:
         """Active trajectories whose scaled slice is no longer their home's. Each ranking
@@ -154,14 +210,19 @@ class HeddleRouter:
 
     def _target(self, traj_id: int) -> int:
         """The worker whose scaled slice of the ranking holds this trajectory's rank."""
-        rank = self._ranked.index((-self._pred[traj_id], traj_id))
-        return self._slice(rank, self._bounds())
+        return self._slice(self._rank(traj_id), self._bounds())
+
+    def _rank(self, traj_id: int) -> int:
+        return self._ranked.index((-self._pred[traj_id], traj_id))
 
     def _slice(self, rank: int, bounds: list[float]) -> int:
+        return self._workers[self._group(rank, bounds)]
+
+    def _group(self, rank: int, bounds: list[float]) -> int:
         j = min(bisect.bisect_right(bounds, rank), len(bounds) - 1)
         while self._sizes[j] == 0 and j > 0:  # an empty group takes nobody
             j -= 1
-        return self._workers[j]
+        return j
 
 
 ROUTERS.add(PlacementKind.HEDDLE, HeddleRouter)  # type: ignore[arg-type]
