@@ -1,0 +1,131 @@
+"""The rollout router's settings: its engines, its policies, where it listens and keeps state;
+loadable from a TOML or JSON file and overridden by command-line flags."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from loom.core.errors import ConfigError
+from loom.rollout.policy import PlacementKind, SchedulerKind
+
+__all__ = ["EngineConfig", "EngineKind", "RolloutServerConfig", "load_config"]
+
+EngineId = Annotated[
+    str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+]
+
+
+class EngineKind(StrEnum):
+    """How the router talks to an engine. `auto` probes: SGLang answers `/get_model_info`,
+    vLLM and other OpenAI-compatible servers `/v1/models`."""
+
+    AUTO = "auto"
+    VLLM = "vllm"  # OpenAI /v1/completions with token ids, /abort_requests in dev mode
+    SGLANG = "sglang"  # native /generate with input_ids and rid, /abort_request
+
+
+class _Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EngineConfig(_Settings):
+    """One inference engine behind the router."""
+
+    url: str = Field(description="base URL, e.g. http://127.0.0.1:8001")
+    id: EngineId | None = Field(default=None, description="name in stats; default e0, e1, ...")
+    kind: EngineKind = EngineKind.AUTO
+    tp: int = Field(default=1, ge=1, le=1024, description="tensor-parallel degree (GPUs)")
+    max_running: int = Field(
+        default=64, ge=1, le=65536, description="turns the router keeps in flight at it"
+    )
+    priority: bool = Field(
+        default=False,
+        description="the engine schedules by request priority (vLLM --scheduling-policy "
+        "priority, SGLang priority scheduling): pass the scheduler's key through",
+    )
+    node: int = Field(default=0, ge=0, description="node it runs on (for migration costs)")
+
+    @field_validator("url")
+    @classmethod
+    def _http(cls, url: str) -> str:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"engine url must start with http:// or https://, got {url!r}")
+        return url.rstrip("/")
+
+
+class RolloutServerConfig(_Settings):
+    """Everything `loom serve rollout` needs; every field has a default but the engines,
+    which may also be added while it runs (`POST /v1/engines`)."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8800, ge=0, le=65535)
+    engines: tuple[EngineConfig, ...] = ()
+    placement: PlacementKind = PlacementKind.HEDDLE
+    scheduler: SchedulerKind = SchedulerKind.PPS
+    state_dir: Path | None = Field(
+        default=None, description="trajectory history for the predictor; None: not kept"
+    )
+    model: str = Field(
+        default="qwen3-14b",
+        description="model key of the roofline cost model Heddle's placement plans with "
+        "when no engine profile is given",
+    )
+    gpu: str = Field(default="h100", description="GPU type of that cost model")
+    profile: Path | None = Field(
+        default=None, description="engine profile CSV (loom bench engine) for the placement cost"
+    )
+    max_body_mb: float = Field(default=32.0, gt=0, le=1024, description="largest request body")
+    connect_timeout_s: float = Field(default=5.0, gt=0, description="engine connect timeout")
+    first_token_timeout_s: float = Field(
+        default=600.0, gt=0, description="a turn with no first token this long has stalled"
+    )
+    stall_timeout_s: float = Field(
+        default=60.0, gt=0, description="a turn with no new token this long has stalled"
+    )
+    health_interval_s: float = Field(default=2.0, gt=0, description="engine health-check period")
+    health_failures: int = Field(
+        default=2, ge=1, description="failed checks in a row before an engine is taken out"
+    )
+    idle_trajectory_s: float = Field(
+        default=3600.0, gt=0, description="a trajectory idle this long without an end is ended"
+    )
+    refit_every: int = Field(
+        default=256, ge=1, description="finished trajectories between predictor refits"
+    )
+    history_limit: int = Field(
+        default=20_000, ge=1, description="finished trajectories the predictor learns from"
+    )
+
+    def with_overrides(self, **values: Any) -> RolloutServerConfig:
+        """A copy with the given fields replaced (None leaves a field as it is), validated."""
+        data = self.model_dump()
+        data.update({k: v for k, v in values.items() if v is not None})
+        return _validated(data, "command-line options")
+
+
+def _validated(data: dict[str, Any], source: str) -> RolloutServerConfig:
+    try:
+        return RolloutServerConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"invalid rollout router config ({source}):\n{exc}") from None
+
+
+def load_config(path: Path) -> RolloutServerConfig:
+    """Read a `.toml` or `.json` file into a validated config."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(text) if path.suffix != ".json" else json.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"cannot parse config {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config {path} must hold a table of settings")
+    return _validated(data, str(path))
