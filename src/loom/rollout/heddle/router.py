@@ -205,7 +205,7 @@ class HeddleRouter:
             self._changes += 1
 
     def _bounds(self) -> list[float]:
-        scale = len(self._ranked) / self._n0
+        scale = len(self._ranked) / self._n0 if self._n0 else 1.0
         return list(accumulate(s * scale for s in self._sizes))
 
     def _target(self, traj_id: int) -> int:

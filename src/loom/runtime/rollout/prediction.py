@@ -1,0 +1,173 @@
+"""The router's online length predictor (Heddle §4.1): it learns from the router's own
+history of finished trajectories, kept as JSON lines under `--state-dir`, and is refitted
+between batches, off the event loop.
+
+A prediction for a trajectory after k turns runs when its turn k ends, during the tool call,
+as §4.1 masks it; the latency of that tool call is not known yet, so the mean of its earlier
+calls stands in for it. Before any model is fitted (fewer than `MIN_HISTORY` finished
+trajectories) the prediction falls back to the static prompt analysis §4.1 starts from: the
+mean total of this prompt's finished trajectories, else of all, else the tokens generated so
+far — always more than what the trajectory has already generated.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections import deque
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from loom.core.trajectory import TrajectorySpec, TurnSpec, WorkloadKind
+from loom.rollout.heddle.predictor import ProgressivePredictor
+
+if TYPE_CHECKING:
+    from loom.runtime.rollout.state import Trajectory
+
+__all__ = ["MIN_HISTORY", "OnlinePredictor", "trajectory_spec"]
+
+log = logging.getLogger("loom.rollout")
+
+MIN_HISTORY = 32
+"""Finished trajectories before the progressive model replaces the prompt-mean fallback."""
+
+HISTORY_FILE = "history.jsonl"
+
+# NOTE: the router cannot know a trajectory's task kind; the progressive predictor does not
+# read it, and the history keeps it only because `TrajectorySpec` requires one.
+_KIND = WorkloadKind.CODING
+
+
+def _features(prompt_tokens: int) -> tuple[float, ...]:
+    return (float(prompt_tokens) if prompt_tokens > 0 else math.nan,)
+
+
+def trajectory_spec(t: Trajectory, *, pending: bool) -> TrajectorySpec | None:
+    """`t`'s turns as a `TrajectorySpec`. `pending`: one placeholder turn is appended (the
+    one to predict; the predictor reads only the turns before it), and the latest tool call
+    gets the mean latency of the earlier ones."""
+    recs = t.records
+    if not recs and not pending:
+        return None
+    latencies = [r.tool_latency_s for r in recs if r.tool_latency_s is not None]
+    mean_latency = sum(latencies) / len(latencies) if latencies else 0.0
+    turns = []
+    for i, r in enumerate(recs):
+        last = i == len(recs) - 1
+        if last and not pending:
+            latency = None
+        else:
+            latency = r.tool_latency_s if r.tool_latency_s is not None else mean_latency
+        turns.append(TurnSpec(r.input_tokens, max(1, r.output_tokens), latency))
+    if pending:
+        turns.append(TurnSpec(0, 1, None))
+    return TrajectorySpec(
+        traj_id=t.traj_id,
+        prompt_id=t.prompt_id,
+        sample_idx=0,
+        workload=_KIND,
+        turns=tuple(turns),
+        prompt_features=_features(t.prompt_tokens),
+    )
+
+
+def _to_json(spec: TrajectorySpec) -> str:
+    return json.dumps(
+        {
+            "traj_id": spec.traj_id,
+            "prompt_id": spec.prompt_id,
+            "prompt_features": [None if math.isnan(f) else f for f in spec.prompt_features],
+            "turns": [[t.input_tokens, t.output_tokens, t.tool_latency_s] for t in spec.turns],
+        }
+    )
+
+
+def _from_json(line: str) -> TrajectorySpec:
+    d = json.loads(line)
+    return TrajectorySpec(
+        traj_id=int(d["traj_id"]),
+        prompt_id=int(d["prompt_id"]),
+        sample_idx=0,
+        workload=_KIND,
+        turns=tuple(TurnSpec(int(a), int(b), c) for a, b, c in d["turns"]),
+        prompt_features=tuple(math.nan if f is None else float(f) for f in d["prompt_features"]),
+    )
+
+
+class OnlinePredictor:
+    """History + the fitted model. `predict` and `fit` are safe to call from a worker thread
+    (they read a snapshot); `record` and `install` run on the event loop."""
+
+    def __init__(self, state_dir: Path | None, limit: int) -> None:
+        self.path = state_dir / HISTORY_FILE if state_dir is not None else None
+        self.history: deque[TrajectorySpec] = deque(maxlen=limit)
+        self.model: ProgressivePredictor | None = None
+        self.since_fit = 0
+        self.fits = 0
+        self._prompt_sum: dict[int, list[float]] = {}
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if self.path.exists():
+                self._load(self.path)
+
+    def _load(self, path: Path) -> None:
+        bad = 0
+        with path.open() as f:
+            for line in f:
+                if not line.strip():
+                    continue
+                try:
+                    self._remember(_from_json(line))
+                except (ValueError, KeyError, TypeError):
+                    bad += 1
+        if bad:
+            log.warning("skipped %d unreadable lines of %s", bad, path)
+        self.since_fit = len(self.history)
+
+    def _remember(self, spec: TrajectorySpec) -> None:
+        self.history.append(spec)
+        acc = self._prompt_sum.setdefault(spec.prompt_id, [0.0, 0.0])
+        acc[0] += spec.output_tokens
+        acc[1] += 1
+
+    def record(self, t: Trajectory) -> None:
+        spec = trajectory_spec(t, pending=False)
+        if spec is None:
+            return
+        self._remember(spec)
+        self.since_fit += 1
+        if self.path is not None:
+            with self.path.open("a") as f:
+                f.write(_to_json(spec) + "\n")
+
+    def due(self, every: int) -> bool:
+        return len(self.history) >= MIN_HISTORY and (self.model is None or self.since_fit >= every)
+
+    def fit(self, history: Iterable[TrajectorySpec]) -> ProgressivePredictor:
+        return ProgressivePredictor().fit(list(history))
+
+    def install(self, model: ProgressivePredictor) -> None:
+        self.model = model
+        self.since_fit = 0
+        self.fits += 1
+
+    def fallback(self, prompt_id: int, generated: int) -> float:
+        acc = self._prompt_sum.get(prompt_id)
+        if acc is not None:
+            guess = acc[0] / acc[1]
+        elif self._prompt_sum:
+            sums = self._prompt_sum.values()
+            guess = sum(a for a, _ in sums) / sum(n for _, n in sums)
+        else:
+            guess = float(generated)
+        return max(guess, generated + 1.0)
+
+    def predict(self, spec: TrajectorySpec, generated: int) -> float:
+        """Predicted total output tokens of the trajectory whose pending turn ends `spec`."""
+        model = self.model
+        if model is None:
+            return self.fallback(spec.prompt_id, generated)
+        table = model.predict_steps([spec])[0]
+        return max(table[-1], generated + 1.0)

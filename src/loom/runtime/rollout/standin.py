@@ -1,0 +1,285 @@
+"""A small stand-in for an SGLang engine: SGLang's native routes (`/generate` with
+`input_ids`, `rid`, streaming; `/abort_request`; `/get_model_info`; `/health`; `/tokenize`)
+over a deterministic "model" with continuous batching on a fixed step time.
+
+It exists because vLLM, the engine Loom tests against, has no SGLang dialect; it serves the
+tests of that dialect and of what a real engine makes slow to provoke (a hang, a crash
+mid-stream). The next token is a function of the whole context, so a turn that is aborted
+and resumed with its partial output produces exactly the tokens an uninterrupted one would —
+as greedy decoding does on a real engine.
+
+`GET /debug/requests` lists every request received (rid, prompt length, max_new_tokens);
+`POST /debug/fault {"mode": "hang"|"crash"|"unhealthy"|"none"}` injects a fault.
+
+Run: `python -m loom.runtime.rollout.standin --port 30000 [--step-ms 5] [--max-running 64]`
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import zlib
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+__all__ = ["StandinEngine", "next_token"]
+
+VOCAB = 32000
+EOS = 2
+
+
+def next_token(context: list[int]) -> int:
+    """The stand-in model: a hash of the last 16 tokens and the length, never EOS unless the
+    hash says so (about one token in 200)."""
+    h = zlib.crc32(len(context).to_bytes(4, "little") + bytes(str(context[-16:]), "ascii"))
+    if h % 200 == 0:
+        return EOS
+    return 3 + h % (VOCAB - 3)
+
+
+@dataclass(eq=False)
+class _Request:
+    rid: str
+    context: list[int]
+    prompt_len: int
+    max_new: int
+    min_new: int
+    ignore_eos: bool
+    stop_ids: set[int]
+    out: asyncio.Queue[dict[str, Any] | None] = field(default_factory=asyncio.Queue)
+    generated: list[int] = field(default_factory=list)
+    finish: dict[str, Any] | None = None
+    cached: int = 0
+    prefill_left: float = 0.0
+
+
+class StandinEngine:
+    def __init__(
+        self,
+        step_s: float = 0.005,
+        max_running: int = 64,
+        prefill_s_per_token: float = 0.0,
+        incremental: bool = False,
+        model: str = "standin",
+    ) -> None:
+        self.step_s = step_s
+        self.max_running = max_running
+        self.prefill_s_per_token = prefill_s_per_token
+        self.incremental = incremental
+        self.model = model
+        self.running: dict[str, _Request] = {}
+        self.waiting: list[_Request] = []
+        self.log: list[dict[str, Any]] = []
+        self.fault = "none"
+        self._cache: OrderedDict[int, int] = OrderedDict()  # hash(prefix) -> length
+        self._loop_task: asyncio.Task[None] | None = None
+        self.steps = 0
+
+    # -- the model loop --
+
+    def _cached_prefix(self, ids: list[int]) -> int:
+        best = 0
+        for n in (len(ids), *range(len(ids) - len(ids) % 64, 0, -64)):
+            if n and hash(tuple(ids[:n])) in self._cache:
+                best = n
+                break
+        return best
+
+    def _remember(self, ids: list[int]) -> None:
+        for n in (len(ids), *range(64, len(ids), 64)):
+            self._cache[hash(tuple(ids[:n]))] = n
+            self._cache.move_to_end(hash(tuple(ids[:n])))
+        while len(self._cache) > 20000:
+            self._cache.popitem(last=False)
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.step_s)
+            if self.fault == "hang":
+                continue
+            while self.waiting and len(self.running) < self.max_running:
+                r = self.waiting.pop(0)
+                self.running[r.rid] = r
+            self.steps += 1
+            for r in list(self.running.values()):
+                if r.prefill_left > 0:
+                    r.prefill_left -= self.step_s
+                    continue
+                tok = next_token(r.context)
+                r.context.append(tok)
+                r.generated.append(tok)
+                n = len(r.generated)
+                stop = not r.ignore_eos and n >= r.min_new and (tok == EOS or tok in r.stop_ids)
+                if stop:
+                    r.finish = {"type": "stop", "matched": tok}
+                elif n >= r.max_new:
+                    r.finish = {"type": "length", "length": n}
+                self._emit(r, [tok])
+                if r.finish is not None:
+                    self._end(r)
+
+    def _emit(self, r: _Request, new: list[int]) -> None:
+        ids = new if self.incremental else list(r.generated)
+        text = " ".join(f"t{t}" for t in r.generated)
+        r.out.put_nowait(
+            {
+                "text": text,
+                "output_ids": ids,
+                "meta_info": {
+                    "id": r.rid,
+                    "finish_reason": r.finish,
+                    "prompt_tokens": r.prompt_len,
+                    "completion_tokens": len(r.generated),
+                    "cached_tokens": r.cached,
+                },
+            }
+        )
+
+    def _end(self, r: _Request) -> None:
+        self.running.pop(r.rid, None)
+        if r in self.waiting:
+            self.waiting.remove(r)
+        self._remember(r.context)
+        r.out.put_nowait(None)
+
+    # -- HTTP --
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/get_model_info", self.model_info)
+        app.router.add_post("/generate", self.generate)
+        app.router.add_post("/abort_request", self.abort)
+        app.router.add_post("/tokenize", self.tokenize)
+        app.router.add_get("/debug/requests", self.requests)
+        app.router.add_post("/debug/fault", self.set_fault)
+
+        async def start(app: web.Application) -> None:
+            self._loop_task = asyncio.get_running_loop().create_task(self._run())
+
+        async def stop(app: web.Application) -> None:
+            if self._loop_task is not None:
+                self._loop_task.cancel()
+
+        app.on_startup.append(start)
+        app.on_cleanup.append(stop)
+        return app
+
+    async def health(self, request: web.Request) -> web.Response:
+        if self.fault == "unhealthy":
+            return web.json_response({"error": "unhealthy"}, status=503)
+        return web.Response(text="")
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        return web.json_response({"model_path": self.model, "is_generation": True})
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str):
+            return web.json_response({"error": "prompt must be a string"}, status=400)
+        tokens = [3 + zlib.crc32(w.encode()) % (VOCAB - 3) for w in prompt.split()]
+        return web.json_response({"tokens": tokens, "count": len(tokens)})
+
+    async def requests(self, request: web.Request) -> web.Response:
+        return web.json_response(self.log)
+
+    async def set_fault(self, request: web.Request) -> web.Response:
+        self.fault = (await request.json())["mode"]
+        return web.json_response({"fault": self.fault})
+
+    async def abort(self, request: web.Request) -> web.Response:
+        rid = (await request.json()).get("rid")
+        r = self.running.get(rid) or next((w for w in self.waiting if w.rid == rid), None)
+        if r is not None and r.finish is None:
+            r.finish = {"type": "abort", "message": "aborted"}
+            self._emit(r, [])
+            self._end(r)
+        return web.Response(text="")
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        if self.fault == "unhealthy":
+            return web.json_response({"error": "unhealthy"}, status=503)
+        body = await request.json()
+        ids = body.get("input_ids")
+        if not isinstance(ids, list) or not ids:
+            return web.json_response({"error": "input_ids required"}, status=400)
+        params = body.get("sampling_params") or {}
+        rid = body.get("rid") or f"r{len(self.log)}"
+        max_new = int(params.get("max_new_tokens", 128))
+        if max_new < 1:
+            return web.json_response({"error": "max_new_tokens must be >= 1"}, status=400)
+        r = _Request(
+            rid=rid,
+            context=list(ids),
+            prompt_len=len(ids),
+            max_new=max_new,
+            min_new=int(params.get("min_new_tokens") or 0),
+            ignore_eos=bool(params.get("ignore_eos")),
+            stop_ids=set(params.get("stop_token_ids") or ()),
+        )
+        r.cached = self._cached_prefix(r.context)
+        r.prefill_left = (len(ids) - r.cached) * self.prefill_s_per_token
+        self.log.append(
+            {
+                "rid": rid,
+                "input_ids": list(ids),
+                "max_new_tokens": max_new,
+                "min_new_tokens": r.min_new,
+                "priority": body.get("priority"),
+            }
+        )
+        self.waiting.append(r)
+        if not body.get("stream"):
+            last: dict[str, Any] = {}
+            while (item := await r.out.get()) is not None:
+                last = item
+            last["output_ids"] = list(r.generated)
+            return web.json_response(last)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        try:
+            while (item := await r.out.get()) is not None:
+                if self.fault == "crash":
+                    assert request.transport is not None
+                    request.transport.abort()
+                    return resp
+                await resp.write(b"data: " + json.dumps(item).encode() + b"\n\n")
+            await resp.write(b"data: [DONE]\n\n")
+        except (asyncio.CancelledError, ConnectionResetError):
+            if r.finish is None:  # the client went away: abort, as SGLang does
+                r.finish = {"type": "abort"}
+                self._end(r)
+            raise
+        return resp
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--step-ms", type=float, default=5.0)
+    p.add_argument("--max-running", type=int, default=64)
+    p.add_argument("--prefill-us-per-token", type=float, default=0.0)
+    p.add_argument("--incremental", action="store_true")
+    args = p.parse_args()
+    engine = StandinEngine(
+        step_s=args.step_ms / 1000,
+        max_running=args.max_running,
+        prefill_s_per_token=args.prefill_us_per_token / 1e6,
+        incremental=args.incremental,
+    )
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((args.host, args.port))
+    print(f"standin engine on http://{args.host}:{sock.getsockname()[1]}", flush=True)
+    web.run_app(engine.app(), sock=sock, print=None, handler_cancellation=True)
+
+
+if __name__ == "__main__":
+    main()
