@@ -262,10 +262,9 @@ class RolloutDriver:
         return e
 
     def _forget_if_drained(self, e: EngineState) -> None:
-        if e.draining and not e.running and not e.waiting:
-            if self.engines.get(e.id) is e:
-                del self.engines[e.id]
-                self.metrics.engine_removed(e.id)
+        if e.draining and not e.running and not e.waiting and self.engines.get(e.id) is e:
+            del self.engines[e.id]
+            self.metrics.engine_removed(e.id)
 
     def live(self) -> list[EngineState]:
         """Routable engines, largest degree first (Heddle's DP expects that order)."""
@@ -677,6 +676,7 @@ class RolloutDriver:
         turn.phase = TurnPhase.DONE
         t = turn.traj
         now = self.now()
+        turn.ended_s = now
         n = len(turn.generated)
         if n:
             t.records.append(TurnRecord(max(0, len(turn.prompt) - t.context), n, None))
@@ -713,6 +713,7 @@ class RolloutDriver:
         turn.error_status = status
         turn.finish_reason = "error"
         turn.phase = TurnPhase.DONE
+        turn.ended_s = self.now()
         t = turn.traj
         t.active = None
         turn.updates.put_nowait(None)
@@ -726,6 +727,7 @@ class RolloutDriver:
         """During the tool call: predict anew (off the loop), then let the router move the
         trajectory's home."""
         spec = trajectory_spec(t, pending=True)
+        assert spec is not None, "a pending turn always makes a spec"
         if self.predictor.model is not None:
             pred = await asyncio.get_running_loop().run_in_executor(
                 None, self.predictor.predict, spec, t.generated

@@ -220,7 +220,7 @@ def _parse_generate(body: dict[str, Any], default_max: int | None) -> Call:
         raise BadRequest("sampling_params must be an object")
     if params.get("n", 1) != 1:
         raise BadRequest("n > 1 is not supported: send one request per sample")
-    src = {_SGLANG_RENAME.get(k, k): v for k, v in params.items()}
+    src: dict[str, Any] = {_SGLANG_RENAME.get(str(k), str(k)): v for k, v in params.items()}
     rid = body.get("rid")
     if rid is not None and not isinstance(rid, str):
         raise BadRequest("rid must be a string (one request per call)")

@@ -82,6 +82,7 @@ class Turn:
     seq: int = field(default_factory=lambda: next(_rid))
     started_s: float | None = None  # first admission (queueing delay ends)
     first_token_s: float | None = None
+    ended_s: float | None = None
     finish_reason: str | None = None
     matched_stop: int | str | None = None
     error: str | None = None
