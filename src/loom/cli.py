@@ -150,5 +150,63 @@ def serve_actions(
     serve(settings)
 
 
+@serve_app.command("rollout")
+def serve_rollout(
+    engine: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--engine",
+            help="an inference engine: URL[,tp=N][,max_running=N][,kind=vllm|sglang]"
+            "[,priority][,id=NAME]; repeat for more",
+        ),
+    ] = None,
+    placement: Annotated[
+        str | None,
+        typer.Option("--placement", help="heddle, cache_aware (verl), least_load (slime), hybrid"),
+    ] = None,
+    scheduler: Annotated[
+        str | None, typer.Option("--scheduler", help="pps (Heddle), fcfs, rr, sjf")
+    ] = None,
+    config: Annotated[
+        Path | None, typer.Option("--config", help="TOML or JSON settings file")
+    ] = None,
+    host: Annotated[str | None, typer.Option("--host", help="address to bind")] = None,
+    port: Annotated[int | None, typer.Option("--port", help="port to bind (0: any free)")] = None,
+    state_dir: Annotated[
+        Path | None,
+        typer.Option("--state-dir", help="keeps the trajectory history the predictor learns from"),
+    ] = None,
+    max_running: Annotated[
+        int | None, typer.Option("--max-running", help="turns in flight per engine (default 64)")
+    ] = None,
+    tp: Annotated[
+        int | None, typer.Option("--tp", help="tensor-parallel degree of every engine")
+    ] = None,
+) -> None:
+    """Route the turns of rollout trajectories to inference engines, scheduled and placed by
+    Heddle's policies or a baseline's."""
+    from loom.core.errors import ConfigError
+    from loom.runtime.rollout import RolloutServerConfig, load_config, serve
+    from loom.runtime.rollout.config import parse_engine
+
+    try:
+        base = load_config(config) if config is not None else RolloutServerConfig()
+        defaults = {"tp": tp, "max_running": max_running}
+        engines = None
+        if engine:
+            engines = tuple(parse_engine(spec, defaults) for spec in engine)
+        settings = base.with_overrides(
+            engines=engines,
+            placement=placement,
+            scheduler=scheduler,
+            host=host,
+            port=port,
+            state_dir=state_dir,
+        )
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    serve(settings, announce=lambda line: console.log(line))
+
+
 if __name__ == "__main__":  # pragma: no cover
     app()

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from loom.core.errors import ConfigError
 from loom.rollout.policy import PlacementKind, SchedulerKind
 
-__all__ = ["EngineConfig", "EngineKind", "RolloutServerConfig", "load_config"]
+__all__ = ["EngineConfig", "EngineKind", "RolloutServerConfig", "load_config", "parse_engine"]
 
 EngineId = Annotated[
     str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -129,3 +129,27 @@ def load_config(path: Path) -> RolloutServerConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"config {path} must hold a table of settings")
     return _validated(data, str(path))
+
+
+def parse_engine(spec: str, defaults: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`URL[,tp=N][,max_running=N][,kind=K][,priority][,id=NAME][,node=N]` as the settings
+    of one engine; `defaults` fill what the spec leaves out (None: the model's default)."""
+    url, *opts = (part.strip() for part in spec.split(","))
+    out: dict[str, Any] = {k: v for k, v in (defaults or {}).items() if v is not None}
+    out["url"] = url
+    for opt in opts:
+        name, eq, value = opt.partition("=")
+        name = name.strip().replace("-", "_")
+        if name == "priority" and not eq:
+            out["priority"] = True
+        elif name in ("tp", "max_running", "node", "kind", "id", "priority") and eq:
+            out[name] = value.strip()
+        else:
+            raise ConfigError(
+                f"engine {spec!r}: unknown option {opt!r} "
+                "(tp=N, max_running=N, kind=vllm|sglang, priority, id=NAME, node=N)"
+            )
+    try:
+        return EngineConfig.model_validate(out).model_dump()
+    except ValidationError as exc:
+        raise ConfigError(f"invalid engine {spec!r}:\n{exc}") from None

@@ -167,8 +167,12 @@ class RolloutDriver:
             connector=aiohttp.TCPConnector(limit=0, force_close=False),
             auto_decompress=False,
         )
-        for e in cfg.engines:
-            await self.add_engine(e)
+        try:
+            for e in cfg.engines:
+                await self.add_engine(e)
+        except BaseException:
+            await self._session.close()
+            raise
         self._spawn(self._health_loop())
         self._spawn(self._idle_loop())
         if self.predictor.due(cfg.refit_every):
@@ -188,8 +192,13 @@ class RolloutDriver:
             for turn in [*e.running.values(), *e.waiting]:
                 self._fail(turn, "the router is shutting down", 503)
         await asyncio.gather(*aborts, return_exceptions=True)
+        turn_tasks = [
+            turn.task for e in self.engines.values() for turn in e.running.values() if turn.task
+        ]
+        await asyncio.gather(*self._tasks, *turn_tasks, return_exceptions=True)
         if self._session is not None:
             await self._session.close()
+            await asyncio.sleep(0)  # let the closed connections' transports finish closing
 
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)

@@ -313,7 +313,7 @@ async def probe_kind(url: str, session: aiohttp.ClientSession) -> EngineKind:
                 if r.status == 200:
                     return kind
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            raise EngineError(f"engine {url} is unreachable: {exc!r}") from exc
+            raise EngineError(f"engine {url} is unreachable: {exc}") from exc
     raise EngineError(f"engine {url} answers neither /get_model_info (SGLang) nor /v1/models")
 
 

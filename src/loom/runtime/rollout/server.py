@@ -15,7 +15,8 @@ from aiohttp import web
 
 from loom.runtime.rollout.app import DRIVER, create_app
 from loom.runtime.rollout.config import RolloutServerConfig
-from loom.runtime.rollout.driver import RolloutDriver, check_config
+from loom.runtime.rollout.driver import Conflict, RolloutDriver, check_config
+from loom.runtime.rollout.engines import EngineError
 
 __all__ = ["BackgroundRouter", "bind", "new_loop", "serve"]
 
@@ -40,10 +41,10 @@ def bind(host: str, port: int) -> socket.socket:
 async def _run(
     app: web.Application, sock: socket.socket, ready: Callable[[], None], stop: asyncio.Event
 ) -> None:
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=5.0)
     await runner.setup()
     try:
-        await web.SockSite(runner, sock, shutdown_timeout=5.0).start()
+        await web.SockSite(runner, sock).start()
         ready()
         await stop.wait()
     finally:
@@ -73,6 +74,8 @@ def serve(config: RolloutServerConfig, announce: Callable[[str], None] = print) 
 
     try:
         loop.run_until_complete(_run(app, sock, ready, stop))
+    except (EngineError, Conflict) as exc:
+        raise SystemExit(f"loom serve rollout: cannot start: {exc}") from None
     finally:
         loop.close()
         sock.close()

@@ -79,6 +79,8 @@ class StandinEngine:
         self._cache: OrderedDict[int, int] = OrderedDict()  # hash(prefix) -> length
         self._loop_task: asyncio.Task[None] | None = None
         self.steps = 0
+        self.max_seen = 0  # most requests held at once (running + queued)
+        self.aborted: list[str] = []
 
     # -- the model loop --
 
@@ -105,6 +107,7 @@ class StandinEngine:
             while self.waiting and len(self.running) < self.max_running:
                 r = self.waiting.pop(0)
                 self.running[r.rid] = r
+            self.max_seen = max(self.max_seen, len(self.running) + len(self.waiting))
             self.steps += 1
             for r in list(self.running.values()):
                 if r.prefill_left > 0:
@@ -157,6 +160,7 @@ class StandinEngine:
         app.router.add_post("/abort_request", self.abort)
         app.router.add_post("/tokenize", self.tokenize)
         app.router.add_get("/debug/requests", self.requests)
+        app.router.add_get("/debug/stats", self.debug_stats)
         app.router.add_post("/debug/fault", self.set_fault)
 
         async def start(app: web.Application) -> None:
@@ -189,6 +193,16 @@ class StandinEngine:
     async def requests(self, request: web.Request) -> web.Response:
         return web.json_response(self.log)
 
+    async def debug_stats(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "max_seen": self.max_seen,
+                "running": len(self.running),
+                "waiting": len(self.waiting),
+                "aborted": self.aborted,
+            }
+        )
+
     async def set_fault(self, request: web.Request) -> web.Response:
         self.fault = (await request.json())["mode"]
         return web.json_response({"fault": self.fault})
@@ -197,6 +211,7 @@ class StandinEngine:
         rid = (await request.json()).get("rid")
         r = self.running.get(rid) or next((w for w in self.waiting if w.rid == rid), None)
         if r is not None and r.finish is None:
+            self.aborted.append(r.rid)
             r.finish = {"type": "abort", "message": "aborted"}
             self._emit(r, [])
             self._end(r)
@@ -253,6 +268,7 @@ class StandinEngine:
             await resp.write(b"data: [DONE]\n\n")
         except (asyncio.CancelledError, ConnectionResetError):
             if r.finish is None:  # the client went away: abort, as SGLang does
+                self.aborted.append(r.rid)
                 r.finish = {"type": "abort"}
                 self._end(r)
             raise
@@ -277,6 +293,7 @@ def main() -> None:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((args.host, args.port))
+    sock.listen(1024)  # before the URL is announced: a client may connect at once
     print(f"standin engine on http://{args.host}:{sock.getsockname()[1]}", flush=True)
     web.run_app(engine.app(), sock=sock, print=None, handler_cancellation=True)
 

@@ -1,0 +1,120 @@
+"""Rollout routers on loopback in front of stand-in SGLang engines, each a real process."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+
+from loom.runtime.rollout import BackgroundRouter, EngineConfig, RolloutServerConfig
+
+
+@dataclass
+class Standin:
+    proc: subprocess.Popen[str]
+    url: str
+
+    def get(self, path: str) -> Any:
+        return httpx.get(self.url + path, timeout=10).json()
+
+    def fault(self, mode: str) -> None:
+        httpx.post(self.url + "/debug/fault", json={"mode": mode}, timeout=10)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+def start_standin(step_ms: float = 2.0, max_running: int = 64, *extra: str) -> Standin:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "loom.runtime.rollout.standin",
+            "--port",
+            "0",
+            "--step-ms",
+            str(step_ms),
+            "--max-running",
+            str(max_running),
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    match = re.search(r"http://\S+", line)
+    if match is None:
+        proc.kill()
+        raise RuntimeError(f"the stand-in engine did not start: {line!r}")
+    return Standin(proc, match.group(0))
+
+
+@dataclass
+class Rig:
+    router: BackgroundRouter
+    engines: list[Standin]
+    http: httpx.Client
+
+    def gen(
+        self, traj: str | None, tokens: int, prompt: list[int] | None = None, **extra: Any
+    ) -> httpx.Response:
+        headers = {"X-Trajectory-Id": traj} if traj is not None else {}
+        body = {
+            "input_ids": prompt or [5, 6, 7],
+            "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True},
+            **extra,
+        }
+        return self.http.post("/generate", json=body, headers=headers)
+
+    def stats(self) -> dict[str, Any]:
+        return self.http.get("/v1/stats").json()
+
+
+@pytest.fixture
+def rig() -> Iterator[Callable[..., Rig]]:
+    """`rig(n_engines, **router settings, step_ms=, engine_running=)`: stand-in engines
+    and a router in front of them; everything stops on teardown."""
+    made: list[Rig] = []
+    spare: list[Standin] = []
+
+    def make(
+        n: int = 2,
+        *,
+        step_ms: float = 2.0,
+        max_running: int = 4,
+        engine_args: tuple[str, ...] = (),
+        **settings: Any,
+    ) -> Rig:
+        engines = [start_standin(step_ms, 64, *engine_args) for _ in range(n)]
+        spare.extend(engines)
+        cfg = RolloutServerConfig(
+            port=0,
+            engines=tuple(EngineConfig(url=e.url, max_running=max_running) for e in engines),
+            **settings,
+        )
+        router = BackgroundRouter(cfg).start()
+        r = Rig(router, engines, httpx.Client(base_url=router.url, timeout=60))
+        made.append(r)
+        return r
+
+    yield make
+    for r in made:
+        r.http.close()
+        stuck = r.router.call(
+            lambda d: [t.key for t in d.trajectories.values() if t.active is not None]
+        )
+        r.router.stop()
+        assert not stuck, f"turns left in flight: {stuck}"
+    for e in {id(e): e for e in [*spare, *(e for r in made for e in r.engines)]}.values():
+        e.kill()

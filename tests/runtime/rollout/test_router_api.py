@@ -1,0 +1,257 @@
+"""Every route of the rollout router, as a client meets it: real HTTP on loopback in front of
+stand-in SGLang engines (real processes)."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from conftest import Rig
+
+from loom.runtime.rollout import BackgroundRouter, RolloutServerConfig
+
+
+def test_generate_returns_the_engine_shape(rig) -> None:
+    r: Rig = rig(1)
+    resp = r.gen(None, 12, rid="mine")
+    assert resp.status_code == 200
+    body = resp.json()
+    assert len(body["output_ids"]) == 12
+    meta = body["meta_info"]
+    assert meta["id"] == "mine"
+    assert meta["finish_reason"] == {"type": "length", "length": 12}
+    assert meta["prompt_tokens"] == 3 and meta["completion_tokens"] == 12
+    assert body["text"].split() == [f"t{t}" for t in body["output_ids"]]
+
+
+def test_generate_streams_cumulative_chunks_like_sglang(rig) -> None:
+    r: Rig = rig(1)
+    body = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 6}, "stream": True}
+    with r.http.stream("POST", "/generate", json=body) as resp:
+        lines = [ln for ln in resp.iter_lines() if ln.startswith("data:")]
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(ln[5:]) for ln in lines[:-1]]
+    ids = [c["output_ids"] for c in chunks]
+    assert all(a == b[: len(a)] for a, b in zip(ids, ids[1:], strict=False))  # cumulative
+    assert chunks[-1]["meta_info"]["finish_reason"]["type"] in ("length", "stop")
+    assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
+
+
+def test_openai_completions_stream_and_usage(rig) -> None:
+    r: Rig = rig(1)
+    body = {
+        "model": "x",
+        "prompt": [4, 5, 6, 7],
+        "max_tokens": 5,
+        "ignore_eos": True,
+        "return_token_ids": True,
+    }
+    full = r.http.post("/v1/completions", json=body).json()
+    assert full["object"] == "text_completion"
+    choice = full["choices"][0]
+    assert choice["finish_reason"] == "length" and len(choice["token_ids"]) == 5
+    assert full["usage"] == {
+        "prompt_tokens": 4,
+        "completion_tokens": 5,
+        "total_tokens": 9,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
+    body |= {"stream": True, "stream_options": {"include_usage": True}}
+    with r.http.stream("POST", "/v1/completions", json=body) as resp:
+        lines = [ln[5:].strip() for ln in resp.iter_lines() if ln.startswith("data:")]
+    assert lines[-1] == "[DONE]"
+    chunks = [json.loads(x) for x in lines[:-1]]
+    streamed = [t for c in chunks for ch in c["choices"] for t in ch.get("token_ids", [])]
+    assert streamed == choice["token_ids"]  # same context, same tokens
+    assert chunks[-1]["usage"]["completion_tokens"] == 5 and chunks[-1]["choices"] == []
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+
+
+def test_text_prompts_are_tokenized_by_the_engine(rig) -> None:
+    r: Rig = rig(1)
+    body = {"prompt": "solve this task", "max_tokens": 3, "ignore_eos": True}
+    out = r.http.post("/v1/completions", json=body).json()
+    assert out["usage"]["prompt_tokens"] == 3
+    gen = r.http.post("/generate", json={"text": "a b", "sampling_params": {"max_new_tokens": 2}})
+    assert gen.json()["meta_info"]["prompt_tokens"] == 2
+
+
+def test_chat_needs_an_engine_that_applies_a_chat_template(rig) -> None:
+    r: Rig = rig(1)
+    resp = r.http.post(
+        "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}
+    )
+    assert resp.status_code == 400
+    assert "engine refused" in resp.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("headers", "body"),
+    [
+        ({"X-Trajectory-Id": "k"}, {}),
+        ({}, {"trajectory_id": "k"}),
+        ({"X-SMG-Routing-Key": "k"}, {}),
+        ({"x-session-id": "k"}, {}),
+        ({}, {"session_id": "k"}),
+    ],
+)
+def test_every_trajectory_key_clients_send_is_honoured(rig, headers, body) -> None:
+    r: Rig = rig(1)
+    for _ in range(2):
+        req = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 4}, **body}
+        assert r.http.post("/generate", json=req, headers=headers).status_code == 200
+    view = r.http.get("/v1/trajectories/k").json()
+    assert view["turns"] == 2 and view["in_flight"] is None
+    ended = r.http.post("/v1/trajectories/k/end").json()
+    assert ended == {"id": "k", "turns": 2, "generated": view["generated"], "ended": True}
+    assert r.http.get("/v1/trajectories/k").status_code == 404
+
+
+def test_a_request_without_a_key_is_a_one_turn_trajectory(rig) -> None:
+    r: Rig = rig(1)
+    assert r.gen(None, 4).status_code == 200
+    stats = r.stats()
+    assert stats["trajectories"]["active"] == 0 and stats["policy"]["finished"] == 1
+
+
+def test_one_turn_at_a_time_per_trajectory(rig) -> None:
+    r: Rig = rig(1, step_ms=5)
+    body = {
+        "input_ids": [1],
+        "sampling_params": {"max_new_tokens": 200, "ignore_eos": True},
+        "stream": True,
+    }
+    with r.http.stream("POST", "/generate", json=body, headers={"X-Trajectory-Id": "t"}) as s:
+        lines = s.iter_lines()  # kept: a dropped iterator closes the stream
+        next(lines)
+        second = r.gen("t", 4)
+        assert second.status_code == 409, second.text
+        assert "one at a time" in second.json()["error"]["message"]
+        list(lines)
+
+
+def test_declared_batch_gets_a_plan(rig) -> None:
+    r: Rig = rig(2)
+    batch = {"trajectories": [{"id": f"t{i}", "prompt": f"p{i // 2}", "group": "g"} for i in range(6)]}
+    resp = r.http.post("/v1/rollouts", json=batch)
+    assert resp.status_code == 201
+    plan = resp.json()["plan"]
+    assert set(plan) == {f"t{i}" for i in range(6)}
+    assert set(plan.values()) <= {"e0", "e1"}
+    again = r.http.post("/v1/rollouts", json={"trajectories": [{"id": "t0", "prompt_id": 1}]})
+    assert again.status_code == 409
+    dup = {"trajectories": [{"id": "u", "prompt_id": 1}, {"id": "u", "prompt_id": 1}]}
+    assert r.http.post("/v1/rollouts", json=dup).status_code == 409
+    for i in range(6):
+        assert r.http.post(f"/v1/trajectories/t{i}/end").status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("path", "content", "status", "needle"),
+    [
+        ("/generate", b"{not json", 400, "not valid JSON"),
+        ("/generate", b"[1, 2]", 400, "JSON object"),
+        ("/generate", b'{"input_ids": [1], "sampling_params": {"temperature": NaN}}', 400, "NaN"),
+        ("/generate", b'{"input_ids": [1], "sampling_params": {"top_p": Infinity}}', 400, "Inf"),
+        ("/generate", b'{"input_ids": []}', 400, "non-empty"),
+        ("/generate", b'{"input_ids": [1, -2]}', 400, "non-negative"),
+        ("/generate", b'{"input_ids": [[1], [2]]}', 400, "batched"),
+        ("/generate", b'{"input_ids": [1], "sampling_params": {"max_new_tokens": 0}}', 400, ">= 1"),
+        ("/generate", b'{"input_ids": [1], "return_logprob": true}', 400, "return_logprob"),
+        ("/v1/completions", b'{"prompt": [1], "n": 2}', 400, "n > 1"),
+        ("/v1/completions", b'{"prompt": ["a", "b"]}', 400, "one prompt"),
+        ("/v1/completions", b'{"prompt": [1], "max_tokens": 5, "min_tokens": 9}', 400, "min_tokens"),
+        ("/v1/chat/completions", b'{"messages": []}', 400, "non-empty"),
+        ("/v1/rollouts", b'{"trajectories": [{"id": "a"}]}', 400, "prompt_id or a prompt"),
+        ("/v1/rollouts", b'{"trajectories": []}', 400, "invalid batch"),
+        ("/v1/trajectories/nope/end", b"", 404, "unknown trajectory"),
+        ("/v1/engines", b'{"url": "ftp://x"}', 400, "http://"),
+        ("/v1/engines", b'{"url": "http://127.0.0.1:1"}', 502, "unreachable"),
+    ],
+)
+def test_bad_input_is_a_4xx_with_a_message(rig, path, content, status, needle) -> None:
+    r: Rig = rig(1)
+    resp = r.http.post(path, content=content, headers={"content-type": "application/json"})
+    assert resp.status_code == status, resp.text
+    assert needle in resp.json()["error"]["message"]
+
+
+def test_oversized_bodies_are_refused(rig) -> None:
+    r: Rig = rig(1, max_body_mb=0.01)
+    resp = r.http.post("/generate", json={"input_ids": list(range(5000))})
+    assert resp.status_code == 413
+    assert "limit" in resp.json()["error"]["message"]
+
+
+def test_unknown_routes_and_engines(rig) -> None:
+    r: Rig = rig(1)
+    assert r.http.get("/nope").status_code == 404
+    assert r.http.delete("/v1/engines/e9").status_code == 404
+    assert r.http.get("/v1/trajectories/zzz").status_code == 404
+
+
+def test_no_engine_is_a_503_with_a_message() -> None:
+    with (
+        BackgroundRouter(RolloutServerConfig(port=0)) as router,
+        httpx.Client(base_url=router.url, timeout=10) as http,
+    ):
+        resp = http.post("/generate", json={"input_ids": [1]})
+        assert resp.status_code == 503 and "no live engine" in resp.json()["error"]["message"]
+        assert http.get("/health").status_code == 503
+        assert http.get("/v1/models").status_code == 503
+        batch = {"trajectories": [{"id": "a", "prompt_id": 1}]}
+        assert http.post("/v1/rollouts", json=batch).status_code == 503
+
+
+def test_models_health_stats_metrics(rig) -> None:
+    r: Rig = rig(2)
+    r.gen("m", 5)
+    assert r.http.get("/v1/models").json()["data"][0]["id"] == "standin"
+    assert r.http.get("/health").json() == {"status": "ok", "engines": 2}
+    stats = r.stats()
+    assert stats["placement"] == "heddle" and stats["scheduler"] == "pps"
+    assert set(stats["engines"]) == {"e0", "e1"}
+    assert sum(e["tokens"] for e in stats["engines"].values()) == 5
+    assert stats["policy"]["decisions"] == 1
+    text = r.http.get("/metrics").text
+    for name in (
+        "loom_rollout_request_seconds_bucket",
+        "loom_rollout_queueing_seconds_count",
+        'loom_rollout_generated_tokens_total{engine="e',
+        'loom_rollout_engine_turns{engine="e0",state="running"}',
+        "loom_rollout_preemptions_total",
+    ):
+        assert name in text, name
+
+
+def test_engines_are_added_and_drained_while_running(rig) -> None:
+    from conftest import start_standin
+
+    r: Rig = rig(1)
+    extra = start_standin()
+    r.engines.append(extra)
+    added = r.http.post("/v1/engines", json={"url": extra.url, "tp": 2, "max_running": 8})
+    assert added.status_code == 201
+    assert added.json()["id"] == "e1" and added.json()["tp"] == 2
+    assert r.http.post("/v1/engines", json={"url": extra.url}).status_code == 409
+    assert [e["id"] for e in r.http.get("/v1/engines").json()["engines"]] == ["e0", "e1"]
+    assert r.http.delete("/v1/engines/e0").status_code == 202
+    assert r.gen(None, 3).status_code == 200  # served by e1
+    assert list(r.stats()["engines"]) == ["e1"]
+    last = r.http.delete("/v1/engines/e1")
+    assert last.status_code == 202  # idle: it may go
+    assert r.gen(None, 3).status_code == 503
+
+
+def test_gateway_shaped_worker_registry(rig) -> None:
+    from conftest import start_standin
+
+    r: Rig = rig(1)
+    extra = start_standin()
+    r.engines.append(extra)
+    resp = r.http.post("/workers", json={"url": extra.url, "worker_type": "regular"})
+    assert resp.status_code == 201
+    loads = r.http.get("/v1/loads").json()["loads"]
+    assert {x["worker"] for x in loads} == {r.engines[0].url, extra.url}
+    assert r.http.delete(f"/workers/{extra.url}").status_code == 202
