@@ -255,3 +255,5 @@ def test_gateway_shaped_worker_registry(rig) -> None:
     loads = r.http.get("/v1/loads").json()["loads"]
     assert {x["worker"] for x in loads} == {r.engines[0].url, extra.url}
     assert r.http.delete(f"/workers/{extra.url}").status_code == 202
+    assert r.http.post("/add_worker", params={"url": extra.url}).status_code == 201  # it was idle: gone
+    assert r.http.post("/remove_worker", params={"url": r.engines[0].url}).status_code == 202

@@ -99,7 +99,9 @@ def create_app(config: RolloutServerConfig, driver: RolloutDriver | None = None)
     r.add_delete("/v1/engines/{id}", remove_engine)
     r.add_get("/workers", list_engines)
     r.add_post("/workers", add_engine)
-    r.add_delete("/workers/{id}", remove_engine)
+    r.add_delete("/workers/{id:.+}", remove_engine)
+    r.add_post("/add_worker", add_worker_query)  # older SGLang router API (slime's launcher)
+    r.add_post("/remove_worker", remove_worker_query)
     r.add_get("/v1/loads", loads)
     r.add_get("/v1/stats", stats)
     r.add_get("/metrics", metrics)
@@ -311,13 +313,38 @@ async def add_engine(request: web.Request) -> web.Response:
 
 
 async def remove_engine(request: web.Request) -> web.Response:
-    driver = request.app[DRIVER]
     force = request.query.get("force", "false").lower() in ("1", "true", "yes")
-    eid = request.match_info["id"]
+    return _remove(request.app[DRIVER], request.match_info["id"], force)
+
+
+def _remove(driver: RolloutDriver, eid: str, force: bool) -> web.Response:
     if eid not in driver.engines:  # SGLang's gateway names workers by URL
-        eid = next((e.id for e in driver.engines.values() if e.config.url == eid), eid)
+        url = eid.rstrip("/").replace(":/", "://", 1) if "://" not in eid else eid.rstrip("/")
+        eid = next((e.id for e in driver.engines.values() if e.config.url == url), eid)
     e = driver.remove_engine(eid, force=force)
     return _json({"id": e.id, "draining": True, "running": len(e.running)}, 202)
+
+
+async def add_worker_query(request: web.Request) -> web.Response:
+    url = request.query.get("url")
+    if not url:
+        raise BadRequest("add_worker needs ?url=http://host:port")
+    try:
+        cfg = EngineConfig(url=url)
+    except ValidationError as exc:
+        raise BadRequest(f"invalid engine: {exc}") from None
+    try:
+        e = await request.app[DRIVER].add_engine(cfg)
+    except EngineError as exc:
+        raise BadRequest(f"cannot add engine {url}: {exc}", 502) from None
+    return _json(_engine_view(request.app[DRIVER], e.id), 201)
+
+
+async def remove_worker_query(request: web.Request) -> web.Response:
+    url = request.query.get("url")
+    if not url:
+        raise BadRequest("remove_worker needs ?url=http://host:port")
+    return _remove(request.app[DRIVER], url, False)
 
 
 async def loads(request: web.Request) -> web.Response:
