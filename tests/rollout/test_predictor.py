@@ -20,7 +20,6 @@ from loom.rollout.heddle.predictor import (
     ProgressivePredictor,
     PromptHistoryPredictor,
     PromptModelPredictor,
-    evaluate_predictors,
     long_tail_recall,
     pearson,
     step_features,
@@ -240,26 +239,6 @@ def test_metrics_reject_bad_input() -> None:
         long_tail_recall([1.0], [1.0], quantile=1.0)
     with pytest.raises(ConfigError, match="finite"):
         pearson([1.0, math.nan], [1.0, 2.0])
-
-
-# ---------------------------------------------------------------------------------------------
-# Fig. 13
-
-
-def test_progressive_beats_prompt_only_baselines_on_coding() -> None:
-    rows = evaluate_predictors(coding(num_prompts=40), history_epochs=(0, 1), eval_epoch=10)
-    by = {r["policy"]: r for r in rows}
-    assert set(by) == {"heddle-1", "heddle-2", "history", "model"}
-    for metric in ("recall", "pearson"):
-        baseline = max(float(by[p][metric]) for p in ("history", "model"))  # type: ignore[arg-type]
-        for heddle in ("heddle-1", "heddle-2"):
-            assert float(by[heddle][metric]) > baseline + 0.1, (metric, by)  # type: ignore[arg-type]
-    assert float(by["heddle-2"]["pearson"]) >= float(by["heddle-1"]["pearson"])  # type: ignore[arg-type]
-
-
-def test_evaluation_refuses_to_score_on_its_training_epoch() -> None:
-    with pytest.raises(ConfigError, match="also a history epoch"):
-        evaluate_predictors(coding(num_prompts=2), history_epochs=(0, 1), eval_epoch=1)
 
 
 # ---------------------------------------------------------------------------------------------
