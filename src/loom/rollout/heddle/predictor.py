@@ -287,12 +287,12 @@ class PromptHistoryPredictor:
     (the global mean for an unseen prompt), the same at every step."""
 
     def __init__(self) -> None:
-        self._means: dict[tuple[WorkloadKind, int], float] | None = None
+        self._means: dict[tuple[WorkloadKind | None, int], float] | None = None
         self._global = math.nan
 
     def fit(self, history: Sequence[TrajectorySpec]) -> Self:
         _require_history(history, type(self).__name__)
-        sums: dict[tuple[WorkloadKind, int], list[float]] = {}
+        sums: dict[tuple[WorkloadKind | None, int], list[float]] = {}
         for s in history:
             acc = sums.setdefault((s.workload, s.prompt_id), [0.0, 0.0])
             acc[0] += s.output_tokens
