@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -183,6 +184,19 @@ def test_history_predictor_uses_the_prompt_mean_or_the_global_mean() -> None:
     seen = make_spec([(10, 5, 1.0), (10, 5, 0.0)], prompt_id=0)
     unseen = make_spec([(10, 5, 0.0)], prompt_id=9)
     assert pred.predict_steps([seen, unseen]) == [(200.0, 200.0), (400.0,)]
+
+
+def test_progressive_fits_a_history_of_short_trajectories_without_features() -> None:
+    """Features no trajectory reaches (all NaN in training) are ignored, not fatal."""
+    history = [
+        make_spec([(600, 100 + 37 * i, 1.0), (50, 80, 0.0)], traj_id=i, prompt_features=())
+        for i in range(30)
+    ]
+    pred = ProgressivePredictor(SMALL).fit(history)
+    longer = make_spec([(600, 100, 1.0), (50, 80, 1.0), (40, 60, 1.0), (5, 9, 0.0)])
+    batch = [*history[:3], replace(longer, prompt_features=())]
+    for spec, row in zip(batch, pred.predict_steps(batch), strict=True):
+        assert len(row) == spec.num_turns and all(math.isfinite(v) for v in row)
 
 
 def test_same_random_state_same_predictions(

@@ -252,6 +252,7 @@ class ProgressivePredictor:
         self.config = config or BoostingConfig()
         self._model: HistGradientBoostingRegressor | None = None
         self._width = 0
+        self._unseen = np.zeros(0, dtype=bool)
 
     def fit(self, history: Sequence[TrajectorySpec]) -> Self:
         _require_history(history, type(self).__name__)
@@ -259,9 +260,13 @@ class ProgressivePredictor:
         totals = np.array([s.output_tokens for s in history], dtype=np.float64)
         remaining = totals[rows.traj_index] - rows.generated
         assert (remaining >= 1).all(), "every step-k prefix leaves turn k to generate"
+        # NOTE: a feature never observed in the history (e.g. `last_tool_output` when no
+        # trajectory has three turns) is all NaN, which scikit-learn's binning rejects; it
+        # carries no information, so it is held constant in fit and predict alike.
+        self._unseen = np.isnan(rows.features).all(axis=0)
         model = self.config.regressor()
         with self.config.thread_limit():
-            model.fit(rows.features, np.log1p(remaining))
+            model.fit(self._seen(rows.features), np.log1p(remaining))
         self._model, self._width = model, rows.features.shape[1] - len(STEP_FEATURE_NAMES)
         return self
 
@@ -272,9 +277,16 @@ class ProgressivePredictor:
         _check_width(trajs, self._width, type(self).__name__)
         rows = steps_features(trajs)
         with self.config.thread_limit():
-            log_remaining = model.predict(rows.features)
+            log_remaining = model.predict(self._seen(rows.features))
         remaining = np.maximum(0.0, np.expm1(log_remaining))
         return _split(rows.generated + remaining, trajs)
+
+    def _seen(self, features: FloatArray) -> FloatArray:
+        if not self._unseen.any():
+            return features
+        out = features.copy()
+        out[:, self._unseen] = 0.0
+        return out
 
     def _fitted(self) -> HistGradientBoostingRegressor:
         if self._model is None:
