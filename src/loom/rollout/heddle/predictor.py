@@ -252,7 +252,7 @@ class ProgressivePredictor:
         self.config = config or BoostingConfig()
         self._model: HistGradientBoostingRegressor | None = None
         self._width = 0
-        self._unseen = np.zeros(0, dtype=bool)
+        self._unseen: npt.NDArray[np.bool_] = np.zeros(0, dtype=bool)
 
     def fit(self, history: Sequence[TrajectorySpec]) -> Self:
         _require_history(history, type(self).__name__)
@@ -263,7 +263,7 @@ class ProgressivePredictor:
         # NOTE: a feature never observed in the history (e.g. `last_tool_output` when no
         # trajectory has three turns) is all NaN, which scikit-learn's binning rejects; it
         # carries no information, so it is held constant in fit and predict alike.
-        self._unseen = np.isnan(rows.features).all(axis=0)
+        self._unseen = np.asarray(np.isnan(rows.features).all(axis=0))
         model = self.config.regressor()
         with self.config.thread_limit():
             model.fit(self._seen(rows.features), np.log1p(remaining))
