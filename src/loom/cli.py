@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from loom.core.errors import UnknownPolicyError
+from loom.core.trajectory import WorkloadKind
 from loom.experiments.registry import SYSTEMS
 from loom.experiments.report import Record, Task, print_tables, write_csvs, write_json
 
@@ -206,6 +207,105 @@ def serve_rollout(
     except ConfigError as exc:
         raise typer.BadParameter(str(exc)) from None
     serve(settings, announce=lambda line: console.log(line))
+plan_app = typer.Typer(help="Plan resources for Loom's runtime.", no_args_is_help=True)
+app.add_typer(plan_app, name="plan")
+
+
+@plan_app.command("rollout")
+def plan_rollout(
+    gpus: Annotated[int, typer.Option("--gpus", help="GPU budget of the rollout")],
+    history: Annotated[
+        Path,
+        typer.Option("--history", help="finished trajectories, JSON lines (loom.rollout.history)"),
+    ],
+    profile: Annotated[
+        list[Path] | None,
+        typer.Option("--profile", help="engine profile CSV, one per TP degree (repeatable)"),
+    ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option("--model", help="roofline cost model without --profile (default qwen3-14b)"),
+    ] = None,
+    gpu: Annotated[
+        str | None, typer.Option("--gpu", help="GPU of that roofline (default h100)")
+    ] = None,
+    degrees: Annotated[str, typer.Option("--degrees", help="TP degrees to use")] = "1,2,4,8",
+    seed: Annotated[int, typer.Option("--seed", help="seed of the annealing")] = 0,
+    max_running: Annotated[
+        int, typer.Option("--max-running", help="turns an engine runs at once")
+    ] = 256,
+    gpus_per_node: Annotated[
+        int, typer.Option("--gpus-per-node", help="for device ids and engine hosts")
+    ] = 8,
+    as_json: Annotated[bool, typer.Option("--json", help="print a JSON object")] = False,
+) -> None:
+    """Print Heddle's annealed model-parallel layout for a GPU budget, planned for a batch like
+    the history (its k=0 predicted lengths), and the engines to start from it."""
+    import json
+
+    from loom.core.errors import ConfigError
+    from loom.rollout.history import read_history
+    from loom.runtime import rollout_plan
+
+    if profile and (model is not None or gpu is not None):
+        raise typer.BadParameter("--model/--gpu choose the roofline cost; --profile replaces it")
+    try:
+        degree_list = tuple(int(d) for d in degrees.split(",") if d.strip())
+    except ValueError:
+        raise typer.BadParameter(
+            f"not a list of integers: {degrees!r}", param_hint="--degrees"
+        ) from None
+    try:
+        trajs = read_history(history)
+        settings = rollout_plan.PlanSettings(
+            gpus=gpus,
+            degrees=degree_list,
+            profiles=tuple(profile or ()),
+            model=model or "qwen3-14b",
+            gpu=gpu or "h100",
+            max_running=max_running,
+            gpus_per_node=gpus_per_node,
+            seed=seed,
+        )
+        plan = rollout_plan.plan_rollout(trajs, settings)
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    if as_json:
+        typer.echo(json.dumps(plan.to_json(), indent=2))
+        return
+    console.print(rollout_plan.plan_table(plan))
+    console.print("Start one engine per worker (vLLM shown; SGLang takes --tp):")
+    for w in plan.workers:
+        console.print(f"  {w.command(plan.single_node)}", markup=False, soft_wrap=True)
+    console.print("and list them with their TP degrees in `loom serve rollout --config FILE`:")
+    for engine in plan.engines():
+        url, tp = engine["url"], engine["tp"]
+        console.print(f'  [[engines]]\n  url = "{url}"\n  tp = {tp}', markup=False)
+
+
+@plan_app.command("example-history")
+def plan_example_history(
+    out: Annotated[Path, typer.Argument(help="JSON-lines file to write")],
+    workload: Annotated[WorkloadKind, typer.Option("--workload")] = WorkloadKind.CODING,
+    model: Annotated[str, typer.Option("--model", help="model the lengths are for")] = "qwen3-14b",
+    prompts: Annotated[int, typer.Option("--prompts", min=1)] = 64,
+    samples: Annotated[int, typer.Option("--samples", min=1, help="per prompt")] = 16,
+    seed: Annotated[int, typer.Option("--seed", help="seed of the prompts")] = 1,
+    epoch: Annotated[int, typer.Option("--epoch", help="which epoch's samples")] = 0,
+) -> None:
+    """Write a synthetic history from Loom's agentic workload generator."""
+    from loom.core.errors import ConfigError
+    from loom.rollout.history import write_history
+    from loom.sim.workloads.agentic import AgenticWorkload
+
+    try:
+        wl = AgenticWorkload(
+            kind=workload, model=model, num_prompts=prompts, samples=samples, prompt_seed=seed
+        )
+        count = write_history(out, wl.sample(epoch))
+    except (ConfigError, OSError) as exc:
+        raise typer.BadParameter(str(exc)) from None
+    console.print(f"wrote {count} trajectories ({workload.value}, {model}) to {out}")
 
 
 if __name__ == "__main__":  # pragma: no cover

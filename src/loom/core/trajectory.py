@@ -53,7 +53,7 @@ class TrajectorySpec:
     traj_id: int
     prompt_id: int
     sample_idx: int
-    workload: WorkloadKind
+    workload: WorkloadKind | None  # None: not known (a real rollout need not say)
     turns: tuple[TurnSpec, ...]
     prompt_features: tuple[float, ...] = ()  # what a prompt-only predictor may observe
 

@@ -17,14 +17,16 @@ import numpy as np
 
 from loom.core.topology import GpuType
 from loom.core.trajectory import TrajectorySpec, WorkloadKind
+from loom.experiments.heddle_predictors import evaluate_predictors
 from loom.experiments.report import Record, Task, bar_plot, by_experiment
 from loom.rollout.baselines import CacheAwareRouter, HybridRouter, LeastLoadRouter
 from loom.rollout.heddle.placement import presorted_dp_hetero
-from loom.rollout.heddle.planner import AnnealingPlanner, FixedPlanner, SimulatedDegreeCost
-from loom.rollout.heddle.predictor import ProgressivePredictor, evaluate_predictors
+from loom.rollout.heddle.planner import AnnealingPlanner, FixedPlanner
+from loom.rollout.heddle.predictor import ProgressivePredictor
 from loom.rollout.heddle.resource_manager import DEFAULT_DEGREES, anneal_allocation
 from loom.rollout.heddle.router import HeddleRouter
 from loom.rollout.policy import SCHEDULERS, PlacementKind, Router, SchedulerKind, WorkerLayout
+from loom.sim.rollout.cost import SimulatedDegreeCost
 from loom.sim.rollout.simulator import RolloutConfig, RolloutResult, RolloutSimulator
 from loom.sim.workloads.agentic import AgenticWorkload
 

@@ -2,7 +2,12 @@
 scheduling, presorted-DP placement with migration, and adaptive model parallelism."""
 
 from loom.rollout.heddle.placement import Placement, WorkerCost, presorted_dp, presorted_dp_hetero
-from loom.rollout.heddle.planner import AnnealingPlanner, FixedPlanner, SimulatedDegreeCost
+from loom.rollout.heddle.planner import (
+    AnnealingPlanner,
+    CostModel,
+    DegreeCostModel,
+    FixedPlanner,
+)
 from loom.rollout.heddle.predictor import (
     ProgressivePredictor,
     PromptHistoryPredictor,
@@ -16,6 +21,8 @@ from loom.rollout.heddle.transmission import MigrationRequest, select_batch
 __all__ = [
     "Allocation",
     "AnnealingPlanner",
+    "CostModel",
+    "DegreeCostModel",
     "FixedPlanner",
     "HeddleRouter",
     "MigrationRequest",
@@ -24,7 +31,6 @@ __all__ = [
     "ProgressivePriorityScheduler",
     "PromptHistoryPredictor",
     "PromptModelPredictor",
-    "SimulatedDegreeCost",
     "WorkerCost",
     "anneal_allocation",
     "presorted_dp",

@@ -8,7 +8,7 @@ as calling a runtime predictor after each step. `ProgressivePredictor` is Heddle
 with gradient-boosted trees in place of the fine-tuned Qwen-0.6B regressor; `step_features` is
 the only place that reads a trajectory, so a text-based model can replace it behind the same
 protocol. `PromptHistoryPredictor` and `PromptModelPredictor` are the prompt-only baselines of
-Fig. 13, and `evaluate_predictors` reproduces its rows.
+Fig. 13 (`loom.experiments.heddle_predictors` reproduces its rows).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from itertools import accumulate
 from typing import NamedTuple, Protocol, Self
 
@@ -29,18 +28,15 @@ from threadpoolctl import threadpool_limits
 
 from loom.core.errors import ConfigError
 from loom.core.trajectory import TrajectorySpec, WorkloadKind
-from loom.sim.workloads.agentic import AgenticWorkload
 
 __all__ = [
     "STEP_FEATURE_NAMES",
     "BoostingConfig",
     "LengthPredictor",
-    "PredictionPolicy",
     "ProgressivePredictor",
     "PromptHistoryPredictor",
     "PromptModelPredictor",
     "StepRows",
-    "evaluate_predictors",
     "long_tail_recall",
     "pearson",
     "step_features",
@@ -256,6 +252,7 @@ class ProgressivePredictor:
         self.config = config or BoostingConfig()
         self._model: HistGradientBoostingRegressor | None = None
         self._width = 0
+        self._unseen: npt.NDArray[np.bool_] = np.zeros(0, dtype=bool)
 
     def fit(self, history: Sequence[TrajectorySpec]) -> Self:
         _require_history(history, type(self).__name__)
@@ -263,9 +260,13 @@ class ProgressivePredictor:
         totals = np.array([s.output_tokens for s in history], dtype=np.float64)
         remaining = totals[rows.traj_index] - rows.generated
         assert (remaining >= 1).all(), "every step-k prefix leaves turn k to generate"
+        # NOTE: a feature never observed in the history (e.g. `last_tool_output` when no
+        # trajectory has three turns) is all NaN, which scikit-learn's binning rejects; it
+        # carries no information, so it is held constant in fit and predict alike.
+        self._unseen = np.asarray(np.isnan(rows.features).all(axis=0))
         model = self.config.regressor()
         with self.config.thread_limit():
-            model.fit(rows.features, np.log1p(remaining))
+            model.fit(self._seen(rows.features), np.log1p(remaining))
         self._model, self._width = model, rows.features.shape[1] - len(STEP_FEATURE_NAMES)
         return self
 
@@ -276,9 +277,16 @@ class ProgressivePredictor:
         _check_width(trajs, self._width, type(self).__name__)
         rows = steps_features(trajs)
         with self.config.thread_limit():
-            log_remaining = model.predict(rows.features)
+            log_remaining = model.predict(self._seen(rows.features))
         remaining = np.maximum(0.0, np.expm1(log_remaining))
         return _split(rows.generated + remaining, trajs)
+
+    def _seen(self, features: FloatArray) -> FloatArray:
+        if not self._unseen.any():
+            return features
+        out = features.copy()
+        out[:, self._unseen] = 0.0
+        return out
 
     def _fitted(self) -> HistGradientBoostingRegressor:
         if self._model is None:
@@ -291,12 +299,12 @@ class PromptHistoryPredictor:
     (the global mean for an unseen prompt), the same at every step."""
 
     def __init__(self) -> None:
-        self._means: dict[tuple[WorkloadKind, int], float] | None = None
+        self._means: dict[tuple[WorkloadKind | None, int], float] | None = None
         self._global = math.nan
 
     def fit(self, history: Sequence[TrajectorySpec]) -> Self:
         _require_history(history, type(self).__name__)
-        sums: dict[tuple[WorkloadKind, int], list[float]] = {}
+        sums: dict[tuple[WorkloadKind | None, int], list[float]] = {}
         for s in history:
             acc = sums.setdefault((s.workload, s.prompt_id), [0.0, 0.0])
             acc[0] += s.output_tokens
@@ -390,58 +398,3 @@ def _paired(
     if not (np.isfinite(p).all() and np.isfinite(a).all()):
         raise ConfigError(f"{who} needs finite values")
     return p, a
-
-
-# ---------------------------------------------------------------------------------------------
-# Fig. 13
-
-
-class PredictionPolicy(StrEnum):
-    """The predictors compared in Heddle Fig. 13."""
-
-    HEDDLE_1 = "heddle-1"  # progressive, after the first step
-    HEDDLE_2 = "heddle-2"  # progressive, after the second step
-    HISTORY = "history"  # per-prompt historical mean
-    MODEL = "model"  # regressor on prompt features
-
-
-def _at_step(table: Sequence[tuple[float, ...]], k: int) -> FloatArray:
-    """The prediction after `k` steps, or the last one for trajectories with fewer turns."""
-    return np.array([row[min(k, len(row) - 1)] for row in table], dtype=np.float64)
-
-
-def evaluate_predictors(
-    workload: AgenticWorkload,
-    history_epochs: Sequence[int] = (0, 1, 2),
-    eval_epoch: int = 10,
-    *,
-    quantile: float = 0.9,
-    config: BoostingConfig | None = None,
-) -> list[dict[str, object]]:
-    """Fig. 13: train on `history_epochs`, score each policy on `eval_epoch` against actual
-    total output tokens. One row per policy: workload, policy, recall, pearson."""
-    if eval_epoch in history_epochs:
-        raise ConfigError(f"eval_epoch {eval_epoch} is also a history epoch {history_epochs}")
-    history = [s for e in history_epochs for s in workload.sample(e)]
-    batch = workload.sample(eval_epoch)
-    progressive = ProgressivePredictor(config).fit(history).predict_steps(batch)
-    by_policy: dict[PredictionPolicy, FloatArray] = {
-        PredictionPolicy.HEDDLE_1: _at_step(progressive, 1),
-        PredictionPolicy.HEDDLE_2: _at_step(progressive, 2),
-        PredictionPolicy.HISTORY: _at_step(
-            PromptHistoryPredictor().fit(history).predict_steps(batch), 0
-        ),
-        PredictionPolicy.MODEL: _at_step(
-            PromptModelPredictor(config).fit(history).predict_steps(batch), 0
-        ),
-    }
-    actual = np.array([s.output_tokens for s in batch], dtype=np.float64)
-    return [
-        {
-            "workload": str(WorkloadKind(workload.kind)),
-            "policy": policy.value,
-            "recall": long_tail_recall(pred, actual, quantile),
-            "pearson": pearson(pred, actual),
-        }
-        for policy, pred in by_policy.items()
-    ]
