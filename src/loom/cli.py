@@ -183,6 +183,10 @@ def serve_rollout(
     tp: Annotated[
         int | None, typer.Option("--tp", help="tensor-parallel degree of every engine")
     ] = None,
+    profile: Annotated[
+        list[Path] | None,
+        typer.Option("--profile", help="engine profile CSV per TP degree for Heddle's placement"),
+    ] = None,
 ) -> None:
     """Route the turns of rollout trajectories to inference engines, scheduled and placed by
     Heddle's policies or a baseline's."""
@@ -203,10 +207,13 @@ def serve_rollout(
             host=host,
             port=port,
             state_dir=state_dir,
+            profiles=tuple(profile) if profile else None,
         )
     except ConfigError as exc:
         raise typer.BadParameter(str(exc)) from None
     serve(settings, announce=lambda line: console.log(line))
+
+
 plan_app = typer.Typer(help="Plan resources for Loom's runtime.", no_args_is_help=True)
 app.add_typer(plan_app, name="plan")
 
@@ -245,7 +252,7 @@ def plan_rollout(
 
     from loom.core.errors import ConfigError
     from loom.rollout.history import read_history
-    from loom.runtime import rollout_plan
+    from loom.runtime.rollout import plan as rollout_plan
 
     if profile and (model is not None or gpu is not None):
         raise typer.BadParameter("--model/--gpu choose the roofline cost; --profile replaces it")

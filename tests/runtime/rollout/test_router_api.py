@@ -3,6 +3,7 @@ stand-in SGLang engines (real processes)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import httpx
@@ -33,7 +34,7 @@ def test_generate_streams_cumulative_chunks_like_sglang(rig) -> None:
     assert lines[-1] == "data: [DONE]"
     chunks = [json.loads(ln[5:]) for ln in lines[:-1]]
     ids = [c["output_ids"] for c in chunks]
-    assert all(a == b[: len(a)] for a, b in zip(ids, ids[1:], strict=False))  # cumulative
+    assert all(a == b[: len(a)] for a, b in itertools.pairwise(ids))  # cumulative
     assert chunks[-1]["meta_info"]["finish_reason"]["type"] in ("length", "stop")
     assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
 
@@ -133,7 +134,9 @@ def test_one_turn_at_a_time_per_trajectory(rig) -> None:
 
 def test_declared_batch_gets_a_plan(rig) -> None:
     r: Rig = rig(2)
-    batch = {"trajectories": [{"id": f"t{i}", "prompt": f"p{i // 2}", "group": "g"} for i in range(6)]}
+    batch = {
+        "trajectories": [{"id": f"t{i}", "prompt": f"p{i // 2}", "group": "g"} for i in range(6)]
+    }
     resp = r.http.post("/v1/rollouts", json=batch)
     assert resp.status_code == 201
     plan = resp.json()["plan"]
@@ -161,7 +164,12 @@ def test_declared_batch_gets_a_plan(rig) -> None:
         ("/generate", b'{"input_ids": [1], "return_logprob": true}', 400, "return_logprob"),
         ("/v1/completions", b'{"prompt": [1], "n": 2}', 400, "n > 1"),
         ("/v1/completions", b'{"prompt": ["a", "b"]}', 400, "one prompt"),
-        ("/v1/completions", b'{"prompt": [1], "max_tokens": 5, "min_tokens": 9}', 400, "min_tokens"),
+        (
+            "/v1/completions",
+            b'{"prompt": [1], "max_tokens": 5, "min_tokens": 9}',
+            400,
+            "min_tokens",
+        ),
         ("/v1/chat/completions", b'{"messages": []}', 400, "non-empty"),
         ("/v1/rollouts", b'{"trajectories": [{"id": "a"}]}', 400, "prompt_id or a prompt"),
         ("/v1/rollouts", b'{"trajectories": []}', 400, "invalid batch"),
@@ -255,5 +263,7 @@ def test_gateway_shaped_worker_registry(rig) -> None:
     loads = r.http.get("/v1/loads").json()["loads"]
     assert {x["worker"] for x in loads} == {r.engines[0].url, extra.url}
     assert r.http.delete(f"/workers/{extra.url}").status_code == 202
-    assert r.http.post("/add_worker", params={"url": extra.url}).status_code == 201  # it was idle: gone
+    assert (
+        r.http.post("/add_worker", params={"url": extra.url}).status_code == 201
+    )  # it was idle: gone
     assert r.http.post("/remove_worker", params={"url": r.engines[0].url}).status_code == 202

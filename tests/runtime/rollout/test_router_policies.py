@@ -63,8 +63,9 @@ def test_every_policy_serves_a_batch_without_loss_or_overload(rig, placement, sc
     assert sum(e["tokens"] for e in stats["engines"].values()) >= 6 * 3 * 8
 
 
-def _stream_tokens(r: Rig, key: str, prompt: list[int], n: int, seen: threading.Event,
-                   after: int, out: list[int]) -> None:
+def _stream_tokens(
+    r: Rig, key: str, prompt: list[int], n: int, seen: threading.Event, after: int, out: list[int]
+) -> None:
     body = {
         "input_ids": prompt,
         "sampling_params": {"max_new_tokens": n, "ignore_eos": True},
@@ -130,7 +131,11 @@ def _engine_of(r: Rig, key: str) -> int:
 @pytest.mark.parametrize("fault", ["kill", "crash", "hang"])
 def test_a_turn_survives_its_engine_failing_mid_turn(rig, fault) -> None:
     r: Rig = rig(
-        2, step_ms=3, placement="cache_aware", scheduler="fcfs", stall_timeout_s=0.5,
+        2,
+        step_ms=3,
+        placement="cache_aware",
+        scheduler="fcfs",
+        stall_timeout_s=0.5,
         health_interval_s=0.2,
     )
     prompt = [7, 8, 9]
@@ -219,7 +224,9 @@ def test_the_engine_gets_the_scheduler_key_as_priority_when_it_schedules_by_prio
     )
     with BackgroundRouter(cfg) as router, httpx.Client(base_url=router.url) as http:
         for _ in range(2):
-            http.post("/generate", json={"input_ids": [1], "sampling_params": {"max_new_tokens": 2}})
+            http.post(
+                "/generate", json={"input_ids": [1], "sampling_params": {"max_new_tokens": 2}}
+            )
     prios = [q["priority"] for q in r.engines[0].get("/debug/requests")]
     assert all(isinstance(p, int) for p in prios) and prios == sorted(prios)
     r.router = BackgroundRouter(RolloutServerConfig(port=0))  # teardown stops a fresh one
@@ -254,12 +261,13 @@ def test_the_predictor_learns_from_the_routers_history_and_keeps_it(rig, tmp_pat
     pred = r.stats()["predictor"]
     assert pred["history"] == 40 and pred["fitted"] and pred["fits"] >= 1
     lines = (state / "history.jsonl").read_text().splitlines()
-    assert len(lines) == 40 and json.loads(lines[0])["turns"] == [[2, 2, None]]
+    first = json.loads(lines[0])
+    assert len(lines) == 40 and first["turns"] == [
+        {"input_tokens": 2, "output_tokens": 2, "tool_latency_s": None}
+    ]
     r.router.stop()
     again = BackgroundRouter(
-        RolloutServerConfig(
-            port=0, engines=(EngineConfig(url=r.engines[0].url),), state_dir=state
-        )
+        RolloutServerConfig(port=0, engines=(EngineConfig(url=r.engines[0].url),), state_dir=state)
     ).start()
     try:
         deadline = time.monotonic() + 30

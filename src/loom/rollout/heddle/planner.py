@@ -3,7 +3,7 @@ homogeneous Fix-d baselines, both scored with the same per-degree cost model.
 
 The cost model is injected (`CostModel`): `DegreeCostModel` derives it from the roofline latency
 model; the drivers bring their own beside them, `loom.sim.rollout.cost.SimulatedDegreeCost`
-(groups run in the rollout simulator) and `loom.runtime.rollout_cost.ProfiledDegreeCost`
+(groups run in the rollout simulator) and `loom.runtime.rollout.cost.ProfiledDegreeCost`
 (measured engine profiles), so that this package imports neither driver.
 """
 

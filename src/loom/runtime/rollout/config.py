@@ -77,8 +77,10 @@ class RolloutServerConfig(_Settings):
         "when no engine profile is given",
     )
     gpu: str = Field(default="h100", description="GPU type of that cost model")
-    profile: Path | None = Field(
-        default=None, description="engine profile CSV (loom bench engine) for the placement cost"
+    profiles: tuple[Path, ...] = Field(
+        default=(),
+        description="engine profile CSVs, one per TP degree (benchmarks/profile_engine.py), "
+        "for Heddle's placement cost; none: the roofline model of `model` on `gpu`",
     )
     max_body_mb: float = Field(default=32.0, gt=0, le=1024, description="largest request body")
     connect_timeout_s: float = Field(default=5.0, gt=0, description="engine connect timeout")

@@ -100,8 +100,16 @@ def stable_id(value: str) -> int:
 
 
 def default_cost(config: RolloutServerConfig) -> Callable[[int], Any]:
-    """Heddle's placement cost per degree: the roofline model of `config.model` on
-    `config.gpu`."""
+    """Heddle's placement cost per degree: from measured engine profiles where given, else
+    the roofline model of `config.model` on `config.gpu`. NOTE: the DP needs a typical
+    resident context before any trajectory ran; 8k tokens is assumed."""
+    if config.profiles:
+        from loom.runtime.rollout.cost import ProfiledDegreeCost
+
+        try:
+            return ProfiledDegreeCost.load(config.profiles, context_per_seq=8192, max_group=4096)
+        except OSError as exc:
+            raise ConfigError(f"cannot read engine profile {exc.filename}: {exc.strerror}") from None
     from loom.core.topology import GpuType
 
     return DegreeCostModel(

@@ -12,7 +12,6 @@ far — always more than what the trajectory has already generated.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from collections import deque
@@ -20,8 +19,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from loom.core.trajectory import TrajectorySpec, TurnSpec, WorkloadKind
+from pydantic import ValidationError
+
+from loom.core.trajectory import TrajectorySpec, TurnSpec
 from loom.rollout.heddle.predictor import ProgressivePredictor
+from loom.rollout.history import TrajectoryRecord, TurnRecord, write_history
 
 if TYPE_CHECKING:
     from loom.runtime.rollout.state import Trajectory
@@ -35,12 +37,9 @@ MIN_HISTORY = 32
 
 HISTORY_FILE = "history.jsonl"
 
-# NOTE: the router cannot know a trajectory's task kind; the progressive predictor does not
-# read it, and the history keeps it only because `TrajectorySpec` requires one.
-_KIND = WorkloadKind.CODING
-
 
 def _features(prompt_tokens: int) -> tuple[float, ...]:
+    # NaN (unknown) only for a declared trajectory whose first turn has not arrived yet
     return (float(prompt_tokens) if prompt_tokens > 0 else math.nan,)
 
 
@@ -67,32 +66,9 @@ def trajectory_spec(t: Trajectory, *, pending: bool) -> TrajectorySpec | None:
         traj_id=t.traj_id,
         prompt_id=t.prompt_id,
         sample_idx=0,
-        workload=_KIND,
+        workload=None,  # the router cannot know a trajectory's task
         turns=tuple(turns),
         prompt_features=_features(t.prompt_tokens),
-    )
-
-
-def _to_json(spec: TrajectorySpec) -> str:
-    return json.dumps(
-        {
-            "traj_id": spec.traj_id,
-            "prompt_id": spec.prompt_id,
-            "prompt_features": [None if math.isnan(f) else f for f in spec.prompt_features],
-            "turns": [[t.input_tokens, t.output_tokens, t.tool_latency_s] for t in spec.turns],
-        }
-    )
-
-
-def _from_json(line: str) -> TrajectorySpec:
-    d = json.loads(line)
-    return TrajectorySpec(
-        traj_id=int(d["traj_id"]),
-        prompt_id=int(d["prompt_id"]),
-        sample_idx=0,
-        workload=_KIND,
-        turns=tuple(TurnSpec(int(a), int(b), c) for a, b, c in d["turns"]),
-        prompt_features=tuple(math.nan if f is None else float(f) for f in d["prompt_features"]),
     )
 
 
@@ -114,13 +90,13 @@ class OnlinePredictor:
 
     def _load(self, path: Path) -> None:
         bad = 0
-        with path.open() as f:
+        with path.open(encoding="utf-8") as f:
             for line in f:
                 if not line.strip():
                     continue
-                try:
-                    self._remember(_from_json(line))
-                except (ValueError, KeyError, TypeError):
+                try:  # NOTE: line by line: a line torn by a kill must not cost the rest
+                    self._remember(TrajectoryRecord.model_validate_json(line).to_spec())
+                except (ValidationError, ValueError):
                     bad += 1
         if bad:
             log.warning("skipped %d unreadable lines of %s", bad, path)
@@ -139,8 +115,20 @@ class OnlinePredictor:
         self._remember(spec)
         self.since_fit += 1
         if self.path is not None:
-            with self.path.open("a") as f:
-                f.write(_to_json(spec) + "\n")
+            record = TrajectoryRecord(
+                trajectory_id=t.key,
+                prompt_id=str(t.prompt_id),
+                prompt_features=spec.prompt_features,
+                turns=tuple(
+                    TurnRecord(
+                        input_tokens=x.input_tokens,
+                        output_tokens=x.output_tokens,
+                        tool_latency_s=x.tool_latency_s,
+                    )
+                    for x in spec.turns
+                ),
+            )
+            write_history(self.path, [record], append=True)
 
     def due(self, every: int) -> bool:
         return len(self.history) >= MIN_HISTORY and (self.model is None or self.since_fit >= every)

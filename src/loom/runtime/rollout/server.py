@@ -13,6 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
+from loom.core.errors import ConfigError
 from loom.runtime.rollout.app import DRIVER, create_app
 from loom.runtime.rollout.config import RolloutServerConfig
 from loom.runtime.rollout.driver import Conflict, RolloutDriver, check_config
@@ -55,7 +56,11 @@ def serve(config: RolloutServerConfig, announce: Callable[[str], None] = print) 
     """Serve until interrupted (SIGINT/SIGTERM); in-flight turns end with an error."""
     import signal
 
-    check_config(config)
+    try:
+        check_config(config)
+        app = create_app(config)
+    except ConfigError as exc:
+        raise SystemExit(f"loom serve rollout: {exc}") from None
     sock = bind(config.host, config.port)
     host, port = sock.getsockname()[:2]
     loop = new_loop()
@@ -63,7 +68,6 @@ def serve(config: RolloutServerConfig, announce: Callable[[str], None] = print) 
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    app = create_app(config)
 
     def ready() -> None:
         engines = ", ".join(f"{e.id}={e.config.url}" for e in app[DRIVER].engines.values())

@@ -1,6 +1,6 @@
 """Heddle's per-degree worker cost measured in the rollout simulator: the `CostModel` the
 simulated experiments plan and place with (the runtime's counterpart is
-`loom.runtime.rollout_cost.ProfiledDegreeCost`)."""
+`loom.runtime.rollout.cost.ProfiledDegreeCost`)."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ from loom.perf.specs import gpu_spec, model_spec
 from loom.rollout.heddle.planner import AnnealingPlanner, CostModel, DegreeCostModel, decode_context
 from loom.rollout.heddle.predictor import ProgressivePredictor
 from loom.rollout.heddle.resource_manager import Allocation
-from loom.runtime.rollout_cost import ProfiledDegreeCost
+from loom.runtime.rollout.cost import ProfiledDegreeCost
 
 __all__ = ["PlanSettings", "RolloutPlan", "WorkerPlan", "plan_rollout", "plan_table"]
 

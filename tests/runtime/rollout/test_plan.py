@@ -12,7 +12,7 @@ from loom.cli import app
 from loom.core.errors import ConfigError
 from loom.perf import RooflineLatencyModel, sample_profile, save_profile
 from loom.rollout.history import TrajectoryRecord, TurnRecord, read_history, write_history
-from loom.runtime.rollout_plan import PlanSettings, plan_rollout
+from loom.runtime.rollout.plan import PlanSettings, plan_rollout
 
 runner = CliRunner()
 

@@ -11,7 +11,7 @@ from loom.core.errors import ConfigError
 from loom.perf import ProfiledLatencyModel, RooflineLatencyModel, sample_profile, save_profile
 from loom.rollout.heddle.planner import AnnealingPlanner, DegreeCostModel
 from loom.rollout.heddle.resource_manager import exhaustive_allocation, homogeneous_allocation
-from loom.runtime.rollout_cost import ProfiledDegreeCost
+from loom.runtime.rollout.cost import ProfiledDegreeCost
 
 SHAPE = {"context_per_seq": 4000, "max_group": 48}
 LENGTHS = [9000.0, 7000.0, 5200.0, 3000.0, *np.linspace(300, 2500, 44).tolist()]
