@@ -109,7 +109,8 @@ def default_cost(config: RolloutServerConfig) -> Callable[[int], Any]:
         try:
             return ProfiledDegreeCost.load(config.profiles, context_per_seq=8192, max_group=4096)
         except OSError as exc:
-            raise ConfigError(f"cannot read engine profile {exc.filename}: {exc.strerror}") from None
+            msg = f"cannot read engine profile {exc.filename}: {exc.strerror}"
+            raise ConfigError(msg) from None
     from loom.core.topology import GpuType
 
     return DegreeCostModel(
