@@ -254,7 +254,8 @@ def test_the_predictor_learns_from_the_routers_history_and_keeps_it(rig, tmp_pat
     state = tmp_path / "state"
     r: Rig = rig(1, state_dir=state, refit_every=8)
     for i in range(40):
-        r.gen(None, 2 + i % 7, prompt=[i % 5 + 1, 2])
+        r.gen(f"h{i}", 2 + i % 7, prompt=[i % 5 + 1, 2])
+        r.http.post(f"/v1/trajectories/h{i}/end")
     deadline = time.monotonic() + 30
     while not r.stats()["predictor"]["fitted"] and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -422,7 +422,9 @@ class RolloutDriver:
         if t.started or t.declared:
             self.router.finish(t)
         self.counts["finished"] += 1
-        if t.records:
+        # NOTE: a request without a trajectory id is not an agentic trajectory: the predictor
+        # learns from named ones only (and one-turn traffic would refit it without end).
+        if t.records and not t.one_turn:
             self.predictor.record(t)
             if self.predictor.due(self.config.refit_every) and not self._fitting:
                 self._spawn(self._refit())

@@ -1,0 +1,212 @@
+"""The rollout router's overhead: latency it adds to a request against calling the engine
+directly, p50 and p99, at 1 and at 200 concurrent requests (targets: <= 1 ms and <= 5 ms),
+and the same for `sglang-router` (the Rust router SGLang ships) as a peer when it is
+installed.
+
+The engine is Loom's stand-in SGLang engine on a 0.1 ms step, one token per request, so
+what is measured is the routers' request path, not generation. Every process (engine, router,
+load generator) runs on this machine: on two cores the 200-concurrent figures include the
+CPU the router takes from the engine and the load generator. Each run alternates direct and
+routed rounds so that drift hits both alike.
+
+Run: python benchmarks/bench_rollout_router.py [--requests 2000] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import aiohttp
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait(url: str, path: str, timeout_s: float = 60.0) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + path, timeout=2).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{url}{path} did not come up in {timeout_s:.0f} s")
+
+
+@contextmanager
+def _process(cmd: list[str], url: str, ready: str) -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait(url, ready)
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@contextmanager
+def standin(step_ms: float) -> Iterator[str]:
+    port = _free_port()
+    cmd = [
+        sys.executable, "-m", "loom.runtime.rollout.standin", "--port", str(port),
+        "--step-ms", str(step_ms), "--max-running", "4096",
+    ]  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    with _process(cmd, url, "/health"):
+        yield url
+
+
+@contextmanager
+def loom_router(engine: str) -> Iterator[tuple[str, int]]:
+    port = _free_port()
+    cmd = [
+        sys.executable, "-m", "loom.cli", "serve", "rollout", "--port", str(port),
+        "--engine", f"{engine},max_running=4096", "--placement", "least_load",
+        "--scheduler", "fcfs",
+    ]  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    with _process(cmd, url, "/health") as proc:
+        yield url, proc.pid
+
+
+@contextmanager
+def sglang_router(engine: str) -> Iterator[tuple[str, int] | None]:
+    """sglang-router over the same engine, when installed (pip install sglang-router)."""
+    try:
+        import sglang_router  # noqa: F401
+    except ImportError:
+        yield None
+        return
+    port = _free_port()
+    cmd = [
+        sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", engine,
+        "--port", str(port), "--host", "127.0.0.1", "--policy", "round_robin",
+    ]  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    with _process(cmd, url, "/health") as proc:
+        yield url, proc.pid
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (all its threads)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _load(url: str, n: int, concurrency: int) -> list[float]:
+    body = json.dumps(
+        {"input_ids": [1, 2, 3, 4], "sampling_params": {"max_new_tokens": 1, "ignore_eos": True}}
+    ).encode()
+    headers = {"Content-Type": "application/json"}
+    lat: list[float] = []
+    left = [n]
+    conn = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=conn) as http:
+
+        async def worker() -> None:
+            while left[0] > 0:
+                left[0] -= 1
+                t0 = time.perf_counter()
+                async with http.post(url + "/generate", data=body, headers=headers) as resp:
+                    await resp.read()
+                    if resp.status != 200:
+                        raise RuntimeError(f"{url}: {resp.status} {await resp.text()}")
+                lat.append(time.perf_counter() - t0)
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return lat
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def measure(
+    engine: str, routed: str, pid: int, n: int, concurrency: int, rounds: int
+) -> dict[str, float]:
+    direct: list[float] = []
+    via: list[float] = []
+    asyncio.run(_load(engine, min(n, 200), concurrency))  # warm both paths
+    asyncio.run(_load(routed, min(n, 200), concurrency))
+    cpu = 0.0
+    for _ in range(rounds):
+        direct += asyncio.run(_load(engine, n // rounds, concurrency))
+        c0 = _cpu_s(pid)
+        via += asyncio.run(_load(routed, n // rounds, concurrency))
+        cpu += _cpu_s(pid) - c0
+    d50, d99 = _pct(direct, 0.5), _pct(direct, 0.99)
+    v50, v99 = _pct(via, 0.5), _pct(via, 0.99)
+    return {
+        "direct_p50_ms": d50 * 1e3,
+        "direct_p99_ms": d99 * 1e3,
+        "routed_p50_ms": v50 * 1e3,
+        "routed_p99_ms": v99 * 1e3,
+        "added_p50_ms": (v50 - d50) * 1e3,
+        "added_p99_ms": (v99 - d99) * 1e3,
+        "router_cpu_ms_per_request": cpu / len(via) * 1e3,
+        "requests": len(via),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--requests", type=int, default=2000, help="routed requests per setting")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--step-ms", type=float, default=0.1)
+    ap.add_argument("--json", default=None, help="write the rows here too")
+    args = ap.parse_args()
+    rows: list[dict[str, Any]] = []
+    with standin(args.step_ms) as engine:
+        routers = {"loom": loom_router(engine), "sglang-router": sglang_router(engine)}
+        for name, ctx in routers.items():
+            with ctx as found:
+                if found is None:
+                    print(f"{name}: not installed (pip install sglang-router); skipped")
+                    continue
+                for conc in (1, 200):
+                    n = args.requests if conc == 1 else args.requests * 4
+                    row = {"router": name, "concurrency": conc}
+                    url, pid = found
+                    row |= measure(engine, url, pid, n, conc, args.rounds)
+                    rows.append(row)
+                    print(
+                        f"{name:>14} x{conc:<3}  direct p50 {row['direct_p50_ms']:6.2f} ms "
+                        f"p99 {row['direct_p99_ms']:6.2f} | routed p50 {row['routed_p50_ms']:6.2f}"
+                        f" p99 {row['routed_p99_ms']:6.2f} | added p50 {row['added_p50_ms']:+6.2f}"
+                        f" ms, p99 {row['added_p99_ms']:+6.2f} ms | router CPU "
+                        f"{row['router_cpu_ms_per_request']:.2f} ms/request",
+                        flush=True,
+                    )
+    uvloop = importlib.util.find_spec("uvloop") is not None
+    print(
+        f"machine: {os.cpu_count()} cores; Loom's event loop: {'uvloop' if uvloop else 'asyncio'}"
+    )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
