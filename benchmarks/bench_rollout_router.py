@@ -29,6 +29,8 @@ from typing import Any
 
 import aiohttp
 
+from loom.runtime.rollout.standin import StandinProcess
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -66,14 +68,8 @@ def _process(cmd: list[str], url: str, ready: str) -> Iterator[subprocess.Popen[
 
 @contextmanager
 def standin(step_ms: float) -> Iterator[str]:
-    port = _free_port()
-    cmd = [
-        sys.executable, "-m", "loom.runtime.rollout.standin", "--port", str(port),
-        "--step-ms", str(step_ms), "--max-running", "4096",
-    ]  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    with _process(cmd, url, "/health"):
-        yield url
+    with StandinProcess("--step-ms", str(step_ms), "--max-running", "4096") as engine:
+        yield engine.url
 
 
 @contextmanager

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import re
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -13,12 +10,11 @@ import httpx
 import pytest
 
 from loom.runtime.rollout import BackgroundRouter, EngineConfig, RolloutServerConfig
+from loom.runtime.rollout.standin import StandinProcess
 
 
-@dataclass
-class Standin:
-    proc: subprocess.Popen[str]
-    url: str
+class Standin(StandinProcess):
+    """A stand-in engine process with the test hooks it serves."""
 
     def get(self, path: str) -> Any:
         return httpx.get(self.url + path, timeout=10).json()
@@ -27,37 +23,11 @@ class Standin:
         httpx.post(self.url + "/debug/fault", json={"mode": mode}, timeout=10)
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(10)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
+        self.stop()
 
 
 def start_standin(step_ms: float = 2.0, max_running: int = 64, *extra: str) -> Standin:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "loom.runtime.rollout.standin",
-            "--port",
-            "0",
-            "--step-ms",
-            str(step_ms),
-            "--max-running",
-            str(max_running),
-            *extra,
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    match = re.search(r"http://\S+", line)
-    if match is None:
-        proc.kill()
-        raise RuntimeError(f"the stand-in engine did not start: {line!r}")
-    return Standin(proc, match.group(0))
+    return Standin("--step-ms", str(step_ms), "--max-running", str(max_running), *extra)
 
 
 @dataclass

@@ -19,7 +19,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import socket
+import subprocess
+import sys
 import zlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -27,7 +30,7 @@ from typing import Any
 
 from aiohttp import web
 
-__all__ = ["StandinEngine", "next_token"]
+__all__ = ["StandinEngine", "StandinProcess", "next_token"]
 
 VOCAB = 32000
 EOS = 2
@@ -273,6 +276,38 @@ class StandinEngine:
                 self._end(r)
             raise
         return resp
+
+
+class StandinProcess:
+    """A stand-in engine in its own process on a free loopback port; a context manager.
+    `args` are extra command-line flags (e.g. "--step-ms", "5")."""
+
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "loom.runtime.rollout.standin", "--port", "0", *args],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()  # printed once it listens
+        match = re.search(r"http://\S+", line)
+        if match is None:
+            self.stop()
+            raise RuntimeError(f"the stand-in engine did not start: {line!r}")
+        self.url = match.group(0)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+    def __enter__(self) -> StandinProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 def main() -> None:
