@@ -1,0 +1,209 @@
+"""One agentic batch through the rollout router over real engines, under each rollout system:
+heddle (heddle + pps), verl (cache_aware + rr), slime (least_load + rr) and verl* (hybrid +
+rr). Reports makespan and throughput, and their ratios against Heddle.
+
+The batch is the workload generator's (`loom.sim.workloads.agentic`): its trajectories'
+turns, output lengths and tool latencies, scaled down (`--token-scale`, `--tool-scale`,
+`--max-turn-tokens`) to finish in minutes on two CPU cores. Each trajectory is an agent:
+declare the batch, then per turn send the context so far (prompt, earlier outputs and tool
+replies, as token ids) with `max_tokens` = the turn's length and `ignore_eos`, sleep the tool
+latency, append the tool's reply, and end the trajectory after its last turn.
+
+Engines: `--vllm N` starts N vLLM CPU engines on the tiny model (the `engine` extra),
+`--standin N` N stand-in SGLang engines, or `--engine URL ...` uses running ones.
+
+Run: python benchmarks/bench_rollout_runtime.py --vllm 2 [--kind coding] [--prompts 4]
+     [--samples 4] [--max-running 4] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import random
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from loom.core.trajectory import TrajectorySpec, WorkloadKind
+from loom.runtime.rollout import BackgroundRouter, EngineConfig, RolloutServerConfig
+from loom.runtime.rollout.standin import StandinProcess
+from loom.sim.workloads.agentic import AgenticWorkload
+
+SYSTEMS = {
+    "heddle": ("heddle", "pps"),
+    "verl": ("cache_aware", "rr"),
+    "slime": ("least_load", "rr"),
+    "verl*": ("hybrid", "rr"),
+}
+
+
+@dataclass(frozen=True)
+class Turn:
+    input_tokens: int
+    output_tokens: int
+    tool_s: float | None
+
+
+def scaled_batch(args: argparse.Namespace) -> list[tuple[TrajectorySpec, list[Turn]]]:
+    wl = AgenticWorkload(
+        kind=WorkloadKind(args.kind),
+        model="qwen3-14b",
+        num_prompts=args.prompts,
+        samples=args.samples,
+        prompt_seed=args.seed,
+    )
+    out = []
+    for spec in wl.sample(100 + args.seed):
+        turns = [
+            Turn(
+                max(1, min(args.max_turn_tokens, round(t.input_tokens * args.token_scale))),
+                max(1, min(args.max_turn_tokens, round(t.output_tokens * args.token_scale))),
+                None if t.tool_latency_s is None else t.tool_latency_s * args.tool_scale,
+            )
+            for t in spec.turns[: args.max_turns]
+        ]
+        turns[-1] = Turn(turns[-1].input_tokens, turns[-1].output_tokens, None)
+        out.append((spec, turns))
+    return out
+
+
+async def agent(
+    http: httpx.AsyncClient, key: str, turns: list[Turn], vocab: int, rng: random.Random
+) -> int:
+    context: list[int] = []
+    generated = 0
+    for turn in turns:
+        context += [rng.randrange(3, vocab) for _ in range(turn.input_tokens)]
+        body = {
+            "prompt": context,
+            "max_tokens": turn.output_tokens,
+            "ignore_eos": True,
+            "temperature": 0,
+            "return_token_ids": True,
+        }
+        resp = await http.post("/v1/completions", json=body, headers={"X-Trajectory-Id": key})
+        resp.raise_for_status()
+        ids = resp.json()["choices"][0]["token_ids"]
+        if len(ids) != turn.output_tokens:
+            raise RuntimeError(f"{key}: asked {turn.output_tokens} tokens, got {len(ids)}")
+        context += ids
+        generated += len(ids)
+        if turn.tool_s is not None:
+            await asyncio.sleep(turn.tool_s)
+    (await http.post(f"/v1/trajectories/{key}/end")).raise_for_status()
+    return generated
+
+
+async def run_batch(url: str, batch: list[tuple[TrajectorySpec, list[Turn]]], seed: int) -> dict:
+    async with httpx.AsyncClient(base_url=url, timeout=3600) as http:
+        declared = [
+            {
+                "id": f"t{s.traj_id}",
+                "prompt_id": s.prompt_id,
+                "prompt_tokens": turns[0].input_tokens,
+            }
+            for s, turns in batch
+        ]
+        (await http.post("/v1/rollouts", json={"trajectories": declared})).raise_for_status()
+        t0 = time.perf_counter()
+        tokens = await asyncio.gather(
+            *(
+                agent(http, f"t{s.traj_id}", turns, 500, random.Random(seed * 7919 + s.traj_id))
+                for s, turns in batch
+            )
+        )
+        makespan = time.perf_counter() - t0
+        stats = (await http.get("/v1/stats")).json()
+    return {
+        "makespan_s": makespan,
+        "tokens": sum(tokens),
+        "throughput_tok_s": sum(tokens) / makespan,
+        "preemptions": stats["policy"]["preemptions"],
+        "migrations": stats["policy"]["migrations"],
+    }
+
+
+@contextlib.contextmanager
+def engines(args: argparse.Namespace) -> Iterator[list[str]]:
+    if args.engine:
+        yield args.engine
+        return
+    with contextlib.ExitStack() as stack:
+        if args.vllm:
+            from loom.runtime.engine.launcher import EngineProcess
+
+            urls = [
+                stack.enter_context(EngineProcess.start(max_running=args.max_running)).url
+                for _ in range(args.vllm)
+            ]
+        else:
+            urls = [
+                stack.enter_context(StandinProcess("--step-ms", "5")).url
+                for _ in range(args.standin)
+            ]
+        yield urls
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--engine", nargs="*", default=None, help="running engines' URLs")
+    ap.add_argument("--vllm", type=int, default=0, help="start this many vLLM CPU engines")
+    ap.add_argument("--standin", type=int, default=2, help="else this many stand-in engines")
+    ap.add_argument("--kind", default="coding", choices=[k.value for k in WorkloadKind])
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--samples", type=int, default=4)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--token-scale", type=float, default=0.05)
+    ap.add_argument("--tool-scale", type=float, default=0.05)
+    ap.add_argument("--max-turn-tokens", type=int, default=256)
+    ap.add_argument("--max-turns", type=int, default=8)
+    ap.add_argument("--max-running", type=int, default=4, help="turns in flight per engine")
+    ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    batch = scaled_batch(args)
+    n_turns = sum(len(t) for _, t in batch)
+    n_tokens = sum(x.output_tokens for _, t in batch for x in t)
+    print(
+        f"batch: {len(batch)} trajectories, {n_turns} turns, {n_tokens} output tokens", flush=True
+    )
+    rows: list[dict[str, Any]] = []
+    with engines(args) as urls:
+        for name in args.systems.split(","):
+            placement, scheduler = SYSTEMS[name]
+            cfg = RolloutServerConfig(
+                port=0,
+                placement=placement,
+                scheduler=scheduler,
+                engines=tuple(EngineConfig(url=u, max_running=args.max_running) for u in urls),
+            )
+            with BackgroundRouter(cfg) as router:
+                row = {"system": name, **asyncio.run(run_batch(router.url, batch, args.seed))}
+            rows.append(row)
+            print(
+                f"{name:>7}: makespan {row['makespan_s']:7.1f} s, {row['throughput_tok_s']:7.1f} "
+                f"tok/s, preemptions {row['preemptions']}, migrations {row['migrations']}",
+                flush=True,
+            )
+    base = next((r for r in rows if r["system"] == "heddle"), None)
+    if base is not None:
+        for r in rows:
+            r["heddle_speedup"] = r["makespan_s"] / base["makespan_s"]
+        print(
+            "makespan / heddle's:",
+            ", ".join(f"{r['system']} {r['heddle_speedup']:.3f}" for r in rows),
+        )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
