@@ -285,3 +285,21 @@ def test_repartition_places_the_active_set_as_a_fresh_presorted_dp(lengths, degr
 def test_repartition_must_be_a_fraction():
     with pytest.raises(ConfigError, match="repartition"):
         HeddleRouter(_cost, repartition=1.5)
+
+
+def test_trajectories_joining_with_equal_predictions_spread_over_the_workers() -> None:
+    from collections import Counter
+    from types import SimpleNamespace
+
+    from loom.rollout.heddle.placement import WorkerCost
+    from loom.rollout.heddle.router import HeddleRouter
+
+    workers = [SimpleNamespace(idx=i, tp=1, node=0, load=0) for i in range(3)]
+    router = HeddleRouter(lambda d: WorkerCost(token_time=1.0, interference=lambda n: 1.0 + n))
+    homes = []
+    for i in range(30):
+        t = SimpleNamespace(traj_id=i, predicted_total=1.0, steps_done=0, generated=0)
+        router.join(t, workers)
+        homes.append(router.route(t, workers, 0.0))
+    counts = Counter(homes)
+    assert len(counts) == 3 and max(counts.values()) - min(counts.values()) <= 2

@@ -30,6 +30,8 @@ on math and 961 s → 837 s on coding. None: the paper's rule alone.
 from __future__ import annotations
 
 import bisect
+import math
+from collections import Counter
 from collections.abc import Callable, Sequence
 from itertools import accumulate
 
@@ -108,7 +110,11 @@ class HeddleRouter:
     def join(self, t: TrajectoryView, workers: Sequence[WorkerView]) -> None:
         """A trajectory outside any declared batch (runtime): it takes the slice of its rank
         and counts in that group's size, as if it had been declared. NOTE: once the tracked
-        set has grown by `GROWTH` since the DP last ran, the DP runs again over all of them."""
+        set has grown by `GROWTH` since the DP last ran, the DP runs again over all of them.
+        NOTE: where its prediction ties others' (e.g. before any history), its rank could be
+        anywhere in their block: it goes to the block's group with the most room, so that
+        trajectories joining with equal predictions spread instead of piling on the group
+        their arrival order ranks last."""
         if t.traj_id in self._pred:
             return
         if self.placement is None and not self._ranked:
@@ -117,12 +123,30 @@ class HeddleRouter:
         self._track(t)
         if len(self._ranked) > (1 + GROWTH) * self._planned:
             self._repartition(replan=True)
-            self._home[t.traj_id] = self._slice(self._rank(t.traj_id), self._bounds())
+            self._home[t.traj_id] = self._workers[self._join_group(t.traj_id)]
             return
-        j = self._group(self._rank(t.traj_id), self._bounds())
+        j = self._join_group(t.traj_id)
         self._sizes[j] += 1
         self._n0 += 1
         self._home[t.traj_id] = self._workers[j]
+
+    def _join_group(self, traj_id: int) -> int:
+        bounds = self._bounds()
+        neg = -self._pred[traj_id]
+        lo = self._ranked.bisect_left((neg, -math.inf))
+        hi = self._ranked.bisect_right((neg, math.inf)) - 1
+        g_lo, g_hi = self._group(lo, bounds), self._group(hi, bounds)
+        if g_lo == g_hi:
+            return g_lo
+        start = math.ceil(bounds[g_lo - 1]) if g_lo else 0
+        end = min(len(self._ranked), math.ceil(bounds[g_hi]))
+        homed = Counter(self._home.get(tid) for _, tid in self._ranked[start:end])
+
+        def room(j: int) -> float:
+            width = bounds[j] - (bounds[j - 1] if j else 0.0)
+            return width - homed[self._workers[j]]
+
+        return max(range(g_lo, g_hi + 1), key=lambda j: (room(j), -j))
 
     def _track(self, t: TrajectoryView) -> None:
         old = self._pred.get(t.traj_id)

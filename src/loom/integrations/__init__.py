@@ -1,0 +1,1 @@
+"""Loom's policies inside other RL frameworks' extension points."""
