@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_CACHE_DIR = Path("~/.cache/loom/engine-model")
 _MARKER = "loom-tiny-model.json"
-_FORMAT = 1  # bump when the files written for a spec change, so that caches are rebuilt
+_FORMAT = 2  # bump when the files written for a spec change, so that caches are rebuilt
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>")
 # NOTE: Qwen's ChatML template, so that /v1/chat/completions renders turns as Qwen3 does.
@@ -150,7 +150,10 @@ def _write_model(spec: TinyModelSpec, out: Path) -> None:
         num_key_value_heads=spec.num_kv_heads,
         head_dim=spec.head_dim,
         max_position_embeddings=spec.max_position,
-        tie_word_embeddings=True,
+        # NOTE: untied output embeddings and a wide initialisation: with tied small weights the
+        # greedy continuation of any prompt repeats its last token, which hides mistakes in tests.
+        tie_word_embeddings=False,
+        initializer_range=0.5,
         bos_token_id=pad,
         eos_token_id=eos,
         pad_token_id=pad,
