@@ -181,6 +181,15 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
 class EngineProcess:
     """One running engine. `EngineProcess.start(...)` returns once it is healthy; use it as a
     context manager, or call `stop()`, so that its process group is ended."""
@@ -204,6 +213,9 @@ class EngineProcess:
         config = replace(config or EngineConfig(), **overrides)
         model = config.model or build_tiny_model(config.model_spec, config.cache_dir)
         port = config.port or free_port(config.host)
+        if config.port and not _port_free(config.host, port):
+            # NOTE: checked before starting, else /health would be answered by whoever holds it.
+            raise EngineStartError(f"port {port} on {config.host} is already in use")
         if config.log_path is not None:
             config.log_path.parent.mkdir(parents=True, exist_ok=True)
             log_path = config.log_path
