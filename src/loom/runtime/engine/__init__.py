@@ -11,10 +11,12 @@ from loom.runtime.engine.launcher import (
     require_engine,
 )
 from loom.runtime.engine.model import DEFAULT_CACHE_DIR, TinyModelSpec, build_tiny_model, model_dir
+from loom.runtime.engine.pool import EnginePool
 
 __all__ = [
     "DEFAULT_CACHE_DIR",
     "EngineConfig",
+    "EnginePool",
     "EngineProcess",
     "EngineStartError",
     "EngineUnavailableError",

@@ -211,11 +211,12 @@ class EngineProcess:
         EngineStartError if the engine dies or is not healthy within `startup_timeout_s`."""
         require_engine()
         config = replace(config or EngineConfig(), **overrides)
+        if config.port and not _port_free(config.host, config.port):
+            # NOTE: checked before starting, else /health would be answered by whoever holds it
+            # (vLLM binds with SO_REUSEPORT, so two engines started at once may still share it).
+            raise EngineStartError(f"port {config.port} on {config.host} is already in use")
         model = config.model or build_tiny_model(config.model_spec, config.cache_dir)
         port = config.port or free_port(config.host)
-        if config.port and not _port_free(config.host, port):
-            # NOTE: checked before starting, else /health would be answered by whoever holds it.
-            raise EngineStartError(f"port {port} on {config.host} is already in use")
         if config.log_path is not None:
             config.log_path.parent.mkdir(parents=True, exist_ok=True)
             log_path = config.log_path

@@ -34,6 +34,7 @@ CHAT_TEMPLATE = (
 ROLE_WORDS = ("system", "user", "assistant", "tool")
 _CONSONANTS = "bdfgklmnprstvz"
 _VOWELS = "aeiou"
+_MAX_WORDS = len(_CONSONANTS) * len(_VOWELS) * (len(_CONSONANTS) * len(_VOWELS) + 1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,12 +56,16 @@ class TinyModelSpec:
             if name != "seed" and value < 1:
                 raise ConfigError(f"{name} must be >= 1, got {value}")
         if self.head_dim < 64:
-            raise ConfigError(f"head_dim must be >= 64 for vLLM's CPU attention, got {self.head_dim}")
+            raise ConfigError(
+                f"head_dim must be >= 64 for vLLM's CPU attention, got {self.head_dim}"
+            )
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(
                 f"num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads}"
             )
-        if self.vocab_words > len(_CONSONANTS) * len(_VOWELS) * (len(_CONSONANTS) * len(_VOWELS) + 1):
+        if self.vocab_words > len(_CONSONANTS) * len(_VOWELS) * (
+            len(_CONSONANTS) * len(_VOWELS) + 1
+        ):
             raise ConfigError(f"vocab_words={self.vocab_words} is more than the word list holds")
 
     @property
@@ -119,7 +124,9 @@ def _write_tokenizer(spec: TinyModelSpec, out: Path) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {tok: i for i, tok in enumerate([*SPECIAL_TOKENS, *ROLE_WORDS, *_words(spec.vocab_words)])}
+    vocab = {
+        tok: i for i, tok in enumerate([*SPECIAL_TOKENS, *ROLE_WORDS, *_words(spec.vocab_words)])
+    }
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.Whitespace()
     core.decoder = decoders.WordPiece(prefix="##")  # joins words with single spaces
