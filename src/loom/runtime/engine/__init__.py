@@ -2,6 +2,7 @@
 model, built locally, for tests, benchmarks and `loom serve engine`. Needs the `engine` extra."""
 
 from loom.runtime.engine.launcher import (
+    INSTALL_HINT,
     EngineConfig,
     EngineProcess,
     EngineStartError,
@@ -15,6 +16,7 @@ from loom.runtime.engine.pool import EnginePool
 
 __all__ = [
     "DEFAULT_CACHE_DIR",
+    "INSTALL_HINT",
     "EngineConfig",
     "EnginePool",
     "EngineProcess",

@@ -25,6 +25,7 @@ from loom.core.errors import ConfigError, LoomError
 from loom.runtime.engine.model import DEFAULT_CACHE_DIR, TinyModelSpec, build_tiny_model
 
 __all__ = [
+    "INSTALL_HINT",
     "EngineConfig",
     "EngineProcess",
     "EngineStartError",
