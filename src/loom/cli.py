@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Annotated
@@ -313,6 +314,68 @@ def plan_example_history(
     except (ConfigError, OSError) as exc:
         raise typer.BadParameter(str(exc)) from None
     console.print(f"wrote {count} trajectories ({workload.value}, {model}) to {out}")
+@serve_app.command("engine")
+def serve_engine(
+    port: Annotated[int, typer.Option("--port", help="port to bind; 0 picks a free one")] = 0,
+    host: Annotated[str, typer.Option("--host", help="address to bind")] = "127.0.0.1",
+    max_running: Annotated[
+        int, typer.Option("--max-running", help="most requests decoding at once")
+    ] = 16,
+    state_dir: Annotated[
+        Path | None,
+        typer.Option("--state-dir", help="cache the model under DIR/engine-model"),
+    ] = None,
+    priority: Annotated[
+        bool, typer.Option("--priority", help="schedule by the requests' `priority` field")
+    ] = False,
+    memory: Annotated[
+        float,
+        typer.Option("--gpu-memory-utilization", help="share of host memory vLLM reserves"),
+    ] = 0.1,
+) -> None:
+    """Serve a tiny random-weight model with vLLM on the CPU (built once; nothing downloaded)."""
+    from loom.core.errors import ConfigError
+    from loom.runtime.engine import (
+        EngineConfig,
+        EngineProcess,
+        EngineStartError,
+        EngineUnavailableError,
+    )
+
+    try:
+        cfg = EngineConfig(
+            host=host,
+            port=port,
+            max_running=max_running,
+            state_dir=state_dir,
+            priority=priority,
+            gpu_memory_utilization=memory,
+        )
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    console.log("[bold]loom engine[/bold]: starting vLLM on the CPU (about a minute)")
+    try:
+        engine = EngineProcess.start(cfg)
+    except (EngineUnavailableError, EngineStartError) as exc:
+        console.print(str(exc), style="red", markup=False, highlight=False)
+        raise typer.Exit(1) from None
+    signal.signal(signal.SIGTERM, _interrupt)  # a SIGTERM stops the engine too
+    with engine:
+        console.log(
+            f"[bold]loom engine[/bold] on [link]{engine.url}[/link] — model"
+            f" {engine.model_name}, max running {max_running}, log {engine.log_path}"
+        )
+        console.print(engine.url, highlight=False)
+        try:
+            code = engine.wait()
+        except KeyboardInterrupt:
+            code = 0
+    if code:
+        raise typer.Exit(code)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -10,6 +10,7 @@ import pytest
 from action_server_client import Client
 
 from loom.runtime.actions import ActionServerConfig, BackgroundServer
+from loom.runtime.engine import INSTALL_HINT, EnginePool, engine_available
 
 
 @pytest.fixture
@@ -48,3 +49,13 @@ def shared_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
 def client(make_client: Callable[..., Client]) -> Client:
     """A server scheduling every core of this machine, no APIs, no GPU services."""
     return make_client()
+
+
+@pytest.fixture(scope="session")
+def engine_pool() -> Iterator[EnginePool]:
+    """Real vLLM engines on the CPU (the tiny model), started on first `get(n)` and shared by
+    the whole run: `engine_pool.get(2)` gives two. Skips without the engine extra."""
+    if not engine_available():
+        pytest.skip(f"vLLM is not installed: {INSTALL_HINT}")
+    with EnginePool(limit=3) as pool:
+        yield pool

@@ -1,0 +1,339 @@
+"""vLLM's OpenAI-compatible server as a child process on the CPU: started on a model (the tiny
+one by default), ready once `/health` answers, stopped with its whole process group."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib.util
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+import httpx
+
+from loom.core.errors import ConfigError, LoomError
+from loom.runtime.engine.model import DEFAULT_CACHE_DIR, TinyModelSpec, build_tiny_model
+
+__all__ = [
+    "INSTALL_HINT",
+    "EngineConfig",
+    "EngineProcess",
+    "EngineStartError",
+    "EngineUnavailableError",
+    "engine_available",
+    "free_port",
+    "require_engine",
+]
+
+log = logging.getLogger(__name__)
+
+INSTALL_HINT = "pip install 'loom-rl[engine]'"
+_POLL_S = 0.5
+_LOG_TAIL_LINES = 40
+
+
+class EngineUnavailableError(LoomError, ImportError):
+    """vLLM (the `engine` extra) is not installed."""
+
+
+class EngineStartError(LoomError, RuntimeError):
+    """The engine exited, or was not healthy in time; the message ends with its log's tail."""
+
+
+def engine_available() -> bool:
+    """Whether vLLM can be imported here (without importing it: that takes seconds)."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+def require_engine() -> None:
+    if not engine_available():
+        raise EngineUnavailableError(f"vLLM is not installed; {INSTALL_HINT}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineConfig:
+    """How to start one engine. Defaults suit two CPU cores shared with other processes."""
+
+    host: str = field(default="127.0.0.1", metadata={"help": "address to bind"})
+    port: int = field(default=0, metadata={"help": "port to bind; 0 picks a free one"})
+    max_running: int = field(
+        default=16, metadata={"help": "most requests decoding at once (--max-num-seqs)"}
+    )
+    priority: bool = field(
+        default=False,
+        metadata={"help": "schedule by the request's `priority` (--scheduling-policy priority)"},
+    )
+    gpu_memory_utilization: float = field(
+        default=0.1,
+        metadata={"help": "share of host memory vLLM's CPU backend reserves for weights and KV"},
+    )
+    max_model_len: int | None = field(
+        default=None, metadata={"help": "context limit (default: the model's)"}
+    )
+    state_dir: Path | None = field(
+        default=None,
+        metadata={"help": f"the tiny model is cached under DIR/engine-model ({DEFAULT_CACHE_DIR})"},
+    )
+    model: Path | None = field(
+        default=None, metadata={"help": "serve this model directory instead of the tiny model"}
+    )
+    model_spec: TinyModelSpec = field(
+        default_factory=TinyModelSpec, metadata={"help": "shape and seed of the tiny model"}
+    )
+    served_model_name: str = field(
+        default="loom-tiny", metadata={"help": "the model name clients send"}
+    )
+    cpus: str = field(
+        default="auto",
+        metadata={"help": "vLLM's VLLM_CPU_OMP_THREADS_BIND: 'auto', 'nobind' or a list '0-1'"},
+    )
+    startup_timeout_s: float = field(
+        default=300.0, metadata={"help": "seconds to wait for /health before giving up"}
+    )
+    log_path: Path | None = field(
+        default=None, metadata={"help": "the engine's log (default: a temporary file)"}
+    )
+    extra_args: tuple[str, ...] = field(
+        default=(), metadata={"help": "more arguments for vLLM's api_server"}
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("state_dir", "model", "log_path"):  # accept str paths
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, Path):
+                object.__setattr__(self, name, Path(value))
+        if not 0 <= self.port < 65536:
+            raise ConfigError(f"port must be in [0, 65535], got {self.port}")
+        if self.max_running < 1:
+            raise ConfigError(f"max_running must be >= 1, got {self.max_running}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ConfigError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ConfigError(f"max_model_len must be >= 1, got {self.max_model_len}")
+        if self.startup_timeout_s <= 0:
+            raise ConfigError(f"startup_timeout_s must be > 0, got {self.startup_timeout_s}")
+
+    @property
+    def cache_dir(self) -> Path:
+        return (
+            self.state_dir / "engine-model" if self.state_dir is not None else DEFAULT_CACHE_DIR
+        ).expanduser()
+
+    def command(self, model: Path, port: int) -> list[str]:
+        """The engine's command line (the `vllm` console script fails: its metadata is named
+        vllm-cpu, so the module is run directly)."""
+        cmd = [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(model),
+            "--served-model-name",
+            self.served_model_name,
+            "--host",
+            self.host,
+            "--port",
+            str(port),
+            "--dtype",
+            "float32",
+            "--enforce-eager",
+            "--gpu-memory-utilization",
+            str(self.gpu_memory_utilization),
+            "--max-num-seqs",
+            str(self.max_running),
+            "--disable-uvicorn-access-log",
+        ]
+        if self.max_model_len is not None:
+            cmd += ["--max-model-len", str(self.max_model_len)]
+        if self.priority:
+            cmd += ["--scheduling-policy", "priority"]
+        return cmd + list(self.extra_args)
+
+    def environment(self) -> dict[str, str]:
+        """The child's environment: dev-mode routes on (`/abort_requests`), nothing fetched."""
+        return {
+            **os.environ,
+            "VLLM_SERVER_DEV_MODE": "1",
+            "VLLM_CPU_OMP_THREADS_BIND": self.cpus,
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+        }
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nobody listens on now (another process may still take it before the engine)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+class EngineProcess:
+    """One running engine. `EngineProcess.start(...)` returns once it is healthy; use it as a
+    context manager, or call `stop()`, so that its process group is ended."""
+
+    def __init__(
+        self, config: EngineConfig, proc: subprocess.Popen[bytes], port: int, log_path: Path
+    ) -> None:
+        self.config = config
+        self.port = port
+        self.log_path = log_path
+        self._proc = proc
+        self._owns_log = config.log_path is None
+        _LIVE.add(self)
+
+    @classmethod
+    def start(cls, config: EngineConfig | None = None, **overrides: Any) -> EngineProcess:
+        """Build the model if needed, start the engine and wait for `/health`. Config fields
+        may be given as keyword arguments. Raises EngineUnavailableError without vLLM and
+        EngineStartError if the engine dies or is not healthy within `startup_timeout_s`."""
+        require_engine()
+        config = replace(config or EngineConfig(), **overrides)
+        if config.port and not _port_free(config.host, config.port):
+            # NOTE: checked before starting, else /health would be answered by whoever holds it
+            # (vLLM binds with SO_REUSEPORT, so two engines started at once may still share it).
+            raise EngineStartError(f"port {config.port} on {config.host} is already in use")
+        model = config.model or build_tiny_model(config.model_spec, config.cache_dir)
+        port = config.port or free_port(config.host)
+        if config.log_path is not None:
+            config.log_path.parent.mkdir(parents=True, exist_ok=True)
+            log_path = config.log_path
+        else:
+            fd, name = tempfile.mkstemp(prefix=f"loom-engine-{port}-", suffix=".log")
+            os.close(fd)
+            log_path = Path(name)
+        with log_path.open("ab") as out:
+            proc = subprocess.Popen(
+                config.command(model, port),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=config.environment(),
+                start_new_session=True,  # its own process group: stop() ends every child
+            )
+        engine = cls(config, proc, port, log_path)
+        log.info("engine pid %d starting on %s (log %s)", proc.pid, engine.url, log_path)
+        try:
+            engine.wait_ready(config.startup_timeout_s)
+        except BaseException:
+            engine._owns_log = False  # keep the log its error names
+            engine.stop()
+            raise
+        return engine
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.config.host}:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    @property
+    def model_name(self) -> str:
+        return self.config.served_model_name
+
+    @property
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
+    def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Poll `/health` until it answers 200; raise EngineStartError if the process exits
+        first or `timeout_s` passes."""
+        deadline = time.monotonic() + timeout_s
+        with httpx.Client(timeout=2.0, trust_env=False) as client:
+            while True:
+                code = self._proc.poll()
+                if code is not None:
+                    raise EngineStartError(
+                        f"engine exited with code {code} before it was ready; "
+                        f"its log ({self.log_path}) ends with:\n{self.log_tail()}"
+                    )
+                with contextlib.suppress(httpx.HTTPError):
+                    if client.get(f"{self.url}/health").status_code == 200:
+                        return
+                if time.monotonic() >= deadline:
+                    raise EngineStartError(
+                        f"engine not healthy after {timeout_s:.0f} s; "
+                        f"its log ({self.log_path}) ends with:\n{self.log_tail()}"
+                    )
+                time.sleep(_POLL_S)
+
+    def wait(self) -> int:
+        """Block until the engine exits; its exit code."""
+        return self._proc.wait()
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """SIGTERM the engine's process group, SIGKILL it after `timeout_s` (and any child
+        left once the server has gone). Safe to call twice."""
+        _LIVE.discard(self)
+        if self._proc.poll() is None:
+            _signal_group(self._proc.pid, signal.SIGTERM)
+            try:
+                self._proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                log.warning("engine pid %d ignored SIGTERM for %.0f s", self.pid, timeout_s)
+        _signal_group(self._proc.pid, signal.SIGKILL)
+        self._proc.wait()
+        if self._owns_log:
+            self.log_path.unlink(missing_ok=True)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "running" if self.alive else f"exited({self._proc.returncode})"
+        return f"EngineProcess({self.url}, pid={self.pid}, {state})"
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+_LIVE: set[EngineProcess] = set()
+
+
+@atexit.register
+def _stop_all() -> None:
+    """Engines left running when the interpreter exits are stopped with it."""
+    for engine in list(_LIVE):
+        engine.stop(timeout_s=5.0)

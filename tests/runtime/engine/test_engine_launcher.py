@@ -1,0 +1,87 @@
+"""The engine launcher: its configuration, its command line, and its errors."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from loom.core.errors import ConfigError
+from loom.runtime.engine import (
+    INSTALL_HINT,
+    EngineConfig,
+    EngineProcess,
+    EngineStartError,
+    EngineUnavailableError,
+    engine_available,
+    launcher,
+)
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        {"port": -1},
+        {"port": 70000},
+        {"max_running": 0},
+        {"gpu_memory_utilization": 0.0},
+        {"gpu_memory_utilization": 1.5},
+        {"max_model_len": 0},
+        {"startup_timeout_s": 0},
+    ],
+)
+def test_config_refuses_bad_values(field: dict[str, float]) -> None:
+    with pytest.raises(ConfigError, match=next(iter(field))):
+        EngineConfig(**field)  # type: ignore[arg-type]
+
+
+def test_command_line_carries_the_flags(tmp_path: Path) -> None:
+    cfg = EngineConfig(max_running=3, priority=True, gpu_memory_utilization=0.2, state_dir=tmp_path)
+    cmd = cfg.command(Path("/m"), 1234)
+    joined = " ".join(cmd)
+    assert cmd[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    for part in (
+        "--model /m",
+        "--port 1234",
+        "--host 127.0.0.1",
+        "--max-num-seqs 3",
+        "--scheduling-policy priority",
+        "--gpu-memory-utilization 0.2",
+        "--dtype float32",
+        "--enforce-eager",
+    ):
+        assert part in joined
+    assert "--scheduling-policy" not in EngineConfig().command(Path("/m"), 1)
+    assert cfg.environment()["VLLM_SERVER_DEV_MODE"] == "1"
+    assert cfg.cache_dir == tmp_path / "engine-model"
+
+
+def test_missing_vllm_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(launcher, "engine_available", lambda: False)
+    with pytest.raises(EngineUnavailableError, match=INSTALL_HINT.replace("[", r"\[")):
+        EngineProcess.start()
+
+
+def test_a_port_in_use_is_refused_before_starting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(launcher, "require_engine", lambda: None)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        with pytest.raises(EngineStartError, match=f"port {port} .* in use"):
+            EngineProcess.start(port=port)
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+@pytest.mark.skipif(not engine_available(), reason=f"vLLM is not installed: {INSTALL_HINT}")
+def test_an_engine_that_fails_to_start_says_why() -> None:
+    t0 = time.monotonic()
+    with pytest.raises(EngineStartError) as info:
+        EngineProcess.start(extra_args=("--no-such-flag",), startup_timeout_s=240)
+    message = str(info.value)
+    assert "exited with code" in message
+    assert "--no-such-flag" in message  # vLLM's own complaint, from the log's tail
+    assert time.monotonic() - t0 < 240
