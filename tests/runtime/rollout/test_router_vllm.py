@@ -1,0 +1,155 @@
+"""The router in front of real vLLM engines (the `engine` extra: vLLM's CPU build on the tiny
+model): a multi-turn trajectory through the OpenAI API, preemption with exact resume, and an
+engine killed mid-turn. Greedy decoding makes a resumed turn comparable token for token with
+an uninterrupted one."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from loom.runtime.engine import INSTALL_HINT, EnginePool, EngineProcess, engine_available
+from loom.runtime.rollout import BackgroundRouter, EngineConfig, RolloutServerConfig
+
+pytestmark = [
+    pytest.mark.engine,
+    pytest.mark.slow,
+    pytest.mark.skipif(not engine_available(), reason=f"vLLM is not installed: {INSTALL_HINT}"),
+]
+
+
+@pytest.fixture(scope="module")
+def engines(engine_pool: EnginePool) -> list[EngineProcess]:
+    return engine_pool.get(2)
+
+
+@pytest.fixture
+def router(engines: list[EngineProcess], request: pytest.FixtureRequest) -> Iterator[httpx.Client]:
+    settings = dict(getattr(request, "param", {}))
+    max_running = settings.pop("max_running", 8)
+    n = settings.pop("engines", len(engines))
+    cfg = RolloutServerConfig(
+        port=0,
+        engines=tuple(EngineConfig(url=e.url, max_running=max_running) for e in engines[:n]),
+        health_interval_s=0.5,
+        **settings,
+    )
+    with BackgroundRouter(cfg) as r, httpx.Client(base_url=r.url, timeout=300) as http:
+        yield http
+
+
+def _complete(http: httpx.Client, key: str | None, prompt: list[int], n: int) -> dict:
+    headers = {"X-Trajectory-Id": key} if key else {}
+    body = {
+        "prompt": prompt,
+        "max_tokens": n,
+        "ignore_eos": True,
+        "temperature": 0,
+        "return_token_ids": True,
+    }
+    resp = http.post("/v1/completions", json=body, headers=headers)
+    assert resp.status_code == 200, resp.text
+    return resp.json()
+
+
+def _reference(engine: EngineProcess, prompt: list[int], n: int) -> list[int]:
+    body = {
+        "model": engine.model_name,
+        "prompt": prompt,
+        "max_tokens": n,
+        "ignore_eos": True,
+        "temperature": 0,
+        "return_token_ids": True,
+    }
+    out = httpx.post(engine.url + "/v1/completions", json=body, timeout=300).json()
+    return list(out["choices"][0]["token_ids"])
+
+
+def test_a_multi_turn_trajectory_through_the_openai_api(router: httpx.Client) -> None:
+    batch = {"trajectories": [{"id": "agent-1", "prompt": "fix the bug"}]}
+    assert router.post("/v1/rollouts", json=batch).status_code == 201
+    messages = [{"role": "user", "content": "bada bezo"}]
+    for turn in range(3):
+        resp = router.post(
+            "/v1/chat/completions",
+            json={"messages": messages, "max_tokens": 8, "temperature": 0},
+            headers={"X-Trajectory-Id": "agent-1"},
+        )
+        assert resp.status_code == 200, resp.text
+        reply = resp.json()["choices"][0]["message"]
+        assert reply["role"] == "assistant" and reply["content"]
+        messages += [reply, {"role": "user", "content": f"tool said {turn}"}]
+    view = router.get("/v1/trajectories/agent-1").json()
+    assert view["turns"] == 3 and view["generated"] == 24 and view["declared"] is True
+    assert router.post("/v1/trajectories/agent-1/end").status_code == 200
+    stats = router.get("/v1/stats").json()
+    assert stats["policy"]["turns"] == 3 and stats["policy"]["finished"] == 1
+    assert {e["kind"] for e in stats["engines"].values()} == {"vllm"}
+
+
+@pytest.mark.parametrize(
+    "router",
+    [{"engines": 1, "max_running": 1, "placement": "least_load", "scheduler": "pps"}],
+    indirect=True,
+)
+def test_preemption_on_vllm_resumes_with_exactly_the_missing_tokens(
+    router: httpx.Client, engines: list[EngineProcess]
+) -> None:
+    first = _complete(router, "long", [1, 2, 3, 4], 4)["choices"][0]["token_ids"]
+    prompt = [1, 2, 3, 4, *first, 5]
+    out: dict = {}
+    worker = threading.Thread(target=lambda: out.update(_complete(router, "long", prompt, 400)))
+    worker.start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # wait until the long turn is decoding
+        if router.get("/v1/stats").json()["engines"]["e0"]["tokens"] >= 4 + 20:
+            break
+        time.sleep(0.05)
+    fresh = _complete(router, "fresh", [9, 9, 9], 6)  # on its first step: outranks under PPS
+    worker.join(300)
+    stats = router.get("/v1/stats").json()
+    assert stats["policy"]["preemptions"] >= 1
+    assert fresh["usage"]["completion_tokens"] == 6
+    choice = out["choices"][0]
+    assert choice["finish_reason"] == "length" and len(choice["token_ids"]) == 400
+    assert choice["token_ids"] == _reference(engines[0], prompt, 400)
+    for key in ("long", "fresh"):
+        router.post(f"/v1/trajectories/{key}/end")
+
+
+@pytest.mark.parametrize(
+    "router", [{"placement": "cache_aware", "scheduler": "fcfs"}], indirect=True
+)
+def test_a_turn_survives_its_vllm_engine_being_killed(
+    router: httpx.Client, engines: list[EngineProcess]
+) -> None:
+    """Last in this module: it kills a shared engine (the pool starts another when asked)."""
+    prompt = [7, 8, 9, 10]
+    expected = _reference(engines[0], prompt, 2000)
+    out: dict = {}
+    worker = threading.Thread(target=lambda: out.update(_complete(router, "k", prompt, 2000)))
+    worker.start()
+    host = None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        view = router.get("/v1/trajectories/k")
+        if view.status_code == 200 and view.json()["engine"] is not None:
+            stats = router.get("/v1/stats").json()
+            host = view.json()["engine"]
+            if stats["engines"][host]["tokens"] >= 30:
+                break
+        time.sleep(0.05)
+    assert host is not None
+    victim = engines[int(host[1:])]
+    victim.stop()
+    assert worker.is_alive(), "the turn ended before its engine was killed"
+    worker.join(300)
+    choice = out["choices"][0]
+    assert len(choice["token_ids"]) == 2000 and choice["token_ids"] == expected
+    stats = router.get("/v1/stats").json()
+    assert stats["policy"]["failovers"] >= 1 and stats["engines"][host]["alive"] is False
+    router.post("/v1/trajectories/k/end")
