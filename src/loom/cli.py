@@ -314,6 +314,8 @@ def plan_example_history(
     except (ConfigError, OSError) as exc:
         raise typer.BadParameter(str(exc)) from None
     console.print(f"wrote {count} trajectories ({workload.value}, {model}) to {out}")
+
+
 @serve_app.command("engine")
 def serve_engine(
     port: Annotated[int, typer.Option("--port", help="port to bind; 0 picks a free one")] = 0,

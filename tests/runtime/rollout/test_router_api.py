@@ -267,3 +267,10 @@ def test_gateway_shaped_worker_registry(rig) -> None:
         r.http.post("/add_worker", params={"url": extra.url}).status_code == 201
     )  # it was idle: gone
     assert r.http.post("/remove_worker", params={"url": r.engines[0].url}).status_code == 202
+
+
+def test_incremental_sglang_streams_are_read_as_well(rig) -> None:
+    r: Rig = rig(1, engine_args=("--incremental",))
+    out = r.gen(None, 9).json()
+    assert len(out["output_ids"]) == 9
+    assert out["text"].split() == [f"t{t}" for t in out["output_ids"]]

@@ -3,16 +3,14 @@ its GPU nodes and services; loadable from a TOML or JSON file."""
 
 from __future__ import annotations
 
-import json
-import tomllib
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from loom.actions.policy import ActionPolicyKind
-from loom.core.errors import ConfigError
+from loom.core.settings import load_settings, override
 
 __all__ = [
     "ActionServerConfig",
@@ -109,28 +107,9 @@ class ActionServerConfig(_Settings):
 
     def with_overrides(self, **values: Any) -> ActionServerConfig:
         """A copy with the given fields replaced (None leaves a field as it is), validated."""
-        data = self.model_dump()
-        data.update({k: v for k, v in values.items() if v is not None})
-        return _validated(data, "command-line options")
-
-
-def _validated(data: dict[str, Any], source: str) -> ActionServerConfig:
-    try:
-        return ActionServerConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(f"invalid action server config ({source}):\n{exc}") from None
+        return override(self, "action server", **values)
 
 
 def load_config(path: Path) -> ActionServerConfig:
     """Read a `.toml` or `.json` file into a validated config."""
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
-    try:
-        data = tomllib.loads(text) if path.suffix != ".json" else json.loads(text)
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"cannot parse config {path}: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"config {path} must hold a table of settings")
-    return _validated(data, str(path))
+    return load_settings(ActionServerConfig, path, "action server")

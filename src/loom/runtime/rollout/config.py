@@ -3,8 +3,6 @@ loadable from a TOML or JSON file and overridden by command-line flags."""
 
 from __future__ import annotations
 
-import json
-import tomllib
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -12,6 +10,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from loom.core.errors import ConfigError
+from loom.core.settings import load_settings, override
 from loom.rollout.policy import PlacementKind, SchedulerKind
 
 __all__ = ["EngineConfig", "EngineKind", "RolloutServerConfig", "load_config", "parse_engine"]
@@ -106,31 +105,12 @@ class RolloutServerConfig(_Settings):
 
     def with_overrides(self, **values: Any) -> RolloutServerConfig:
         """A copy with the given fields replaced (None leaves a field as it is), validated."""
-        data = self.model_dump()
-        data.update({k: v for k, v in values.items() if v is not None})
-        return _validated(data, "command-line options")
-
-
-def _validated(data: dict[str, Any], source: str) -> RolloutServerConfig:
-    try:
-        return RolloutServerConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(f"invalid rollout router config ({source}):\n{exc}") from None
+        return override(self, "rollout router", **values)
 
 
 def load_config(path: Path) -> RolloutServerConfig:
     """Read a `.toml` or `.json` file into a validated config."""
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
-    try:
-        data = tomllib.loads(text) if path.suffix != ".json" else json.loads(text)
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"cannot parse config {path}: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"config {path} must hold a table of settings")
-    return _validated(data, str(path))
+    return load_settings(RolloutServerConfig, path, "rollout router")
 
 
 def parse_engine(spec: str, defaults: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -138,6 +138,20 @@ class EngineClient:
             _raise_for(resp.status, text, self.url + path)
             return json.loads(text)
 
+    async def _chunks(self, path: str, body: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """The chunks of a streamed POST; any failure of the engine is an `EngineError`."""
+        where = f"{self.url}{path}"
+        try:
+            async with self.session.post(where, json=body) as resp:
+                if resp.status >= 400:
+                    _raise_for(resp.status, await resp.text(), where)
+                async for chunk in _sse(resp):
+                    if "error" in chunk:
+                        raise EngineError(f"engine error mid-stream: {chunk['error']}")
+                    yield chunk
+        except (aiohttp.ClientError, OSError) as exc:
+            raise EngineError(f"{where}: {exc!r}") from exc
+
     async def _post_quietly(self, path: str, body: Mapping[str, Any]) -> None:
         try:
             async with self.session.post(
@@ -213,26 +227,18 @@ class VllmEngine(EngineClient):
         finish: str | None = None
         stop: int | str | None = None
         cached = 0
-        try:
-            async with self.session.post(f"{self.url}/v1/completions", json=body) as resp:
-                if resp.status >= 400:
-                    _raise_for(resp.status, await resp.text(), f"{self.url}/v1/completions")
-                async for chunk in _sse(resp):
-                    if "error" in chunk:
-                        raise EngineError(f"engine error mid-stream: {chunk['error']}")
-                    usage = chunk.get("usage") or {}
-                    details = usage.get("prompt_tokens_details") or {}
-                    cached = int(details.get("cached_tokens") or cached)
-                    for choice in chunk.get("choices") or ():
-                        ids = choice.get("token_ids") or []
-                        text = choice.get("text") or ""
-                        if ids or text:
-                            yield Delta([int(t) for t in ids], text)
-                        if choice.get("finish_reason"):
-                            finish = choice["finish_reason"]
-                            stop = choice.get("stop_reason")
-        except (aiohttp.ClientError, OSError) as exc:
-            raise EngineError(f"{self.url}/v1/completions: {exc!r}") from exc
+        async for chunk in self._chunks("/v1/completions", body):
+            usage = chunk.get("usage") or {}
+            details = usage.get("prompt_tokens_details") or {}
+            cached = int(details.get("cached_tokens") or cached)
+            for choice in chunk.get("choices") or ():
+                ids = choice.get("token_ids") or []
+                text = choice.get("text") or ""
+                if ids or text:
+                    yield Delta([int(t) for t in ids], text)
+                if choice.get("finish_reason"):
+                    finish = choice["finish_reason"]
+                    stop = choice.get("stop_reason")
         if finish is None:
             raise EngineError(f"{self.url}: the stream of {rid} ended without a finish reason")
         yield Done(finish, stop, cached)
@@ -270,33 +276,26 @@ class SglangEngine(EngineClient):
         seen_ids = 0
         seen_text = 0
         done: Done | None = None
-        try:
-            async with self.session.post(f"{self.url}/generate", json=body) as resp:
-                if resp.status >= 400:
-                    _raise_for(resp.status, await resp.text(), f"{self.url}/generate")
-                async for chunk in _sse(resp):
-                    if "error" in chunk:
-                        raise EngineError(f"engine error mid-stream: {chunk['error']}")
-                    meta = chunk.get("meta_info") or {}
-                    ids = [int(t) for t in chunk.get("output_ids") or ()]
-                    total = int(meta.get("completion_tokens", seen_ids + len(ids)))
-                    if len(ids) == total:  # cumulative chunk: keep only what is new
-                        ids = ids[seen_ids:]
-                    seen_ids = total
-                    text = chunk.get("text") or ""
-                    if len(text) >= seen_text and text.startswith(text[:seen_text]):
-                        new_text, seen_text = text[seen_text:], len(text)
-                    else:
-                        new_text = text
-                    if ids or new_text:
-                        yield Delta(ids, new_text)
-                    reason = meta.get("finish_reason")
-                    if reason:
-                        kind = reason.get("type") if isinstance(reason, dict) else str(reason)
-                        matched = reason.get("matched") if isinstance(reason, dict) else None
-                        done = Done(str(kind), matched, int(meta.get("cached_tokens") or 0))
-        except (aiohttp.ClientError, OSError) as exc:
-            raise EngineError(f"{self.url}/generate: {exc!r}") from exc
+        async for chunk in self._chunks("/generate", body):
+            meta = chunk.get("meta_info") or {}
+            ids = [int(t) for t in chunk.get("output_ids") or ()]
+            total = int(meta.get("completion_tokens", seen_ids + len(ids)))
+            cumulative = len(ids) == total and total > 0  # SGLang's default stream
+            if cumulative:  # keep only what is new, of the ids and of the text
+                ids = ids[seen_ids:]
+            seen_ids = total
+            text = chunk.get("text") or ""
+            if cumulative:
+                new_text, seen_text = text[seen_text:], len(text)
+            else:
+                new_text = text
+            if ids or new_text:
+                yield Delta(ids, new_text)
+            reason = meta.get("finish_reason")
+            if reason:
+                kind = reason.get("type") if isinstance(reason, dict) else str(reason)
+                matched = reason.get("matched") if isinstance(reason, dict) else None
+                done = Done(str(kind), matched, int(meta.get("cached_tokens") or 0))
         if done is None:
             raise EngineError(f"{self.url}: the stream of {rid} ended without a finish reason")
         yield done

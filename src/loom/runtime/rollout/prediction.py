@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from loom.core.trajectory import TrajectorySpec, TurnSpec
 from loom.rollout.heddle.predictor import ProgressivePredictor
-from loom.rollout.history import TrajectoryRecord, TurnRecord, write_history
+from loom.rollout.history import TrajectoryRecord, write_history
 
 if TYPE_CHECKING:
     from loom.runtime.rollout.state import Trajectory
@@ -115,18 +115,8 @@ class OnlinePredictor:
         self._remember(spec)
         self.since_fit += 1
         if self.path is not None:
-            record = TrajectoryRecord(
-                trajectory_id=t.key,
-                prompt_id=str(t.prompt_id),
-                prompt_features=spec.prompt_features,
-                turns=tuple(
-                    TurnRecord(
-                        input_tokens=x.input_tokens,
-                        output_tokens=x.output_tokens,
-                        tool_latency_s=x.tool_latency_s,
-                    )
-                    for x in spec.turns
-                ),
+            record = TrajectoryRecord.from_spec(spec).model_copy(
+                update={"trajectory_id": t.key, "prompt_id": str(t.prompt_id)}
             )
             write_history(self.path, [record], append=True)
 

@@ -131,7 +131,10 @@ class StandinEngine:
 
     def _emit(self, r: _Request, new: list[int]) -> None:
         ids = new if self.incremental else list(r.generated)
-        text = " ".join(f"t{t}" for t in r.generated)
+        shown = new if self.incremental else r.generated
+        text = " ".join(f"t{t}" for t in shown)
+        if self.incremental and shown and len(r.generated) > len(new):
+            text = " " + text
         r.out.put_nowait(
             {
                 "text": text,
