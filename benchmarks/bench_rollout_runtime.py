@@ -23,16 +23,22 @@ import asyncio
 import contextlib
 import json
 import random
+import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from loom.core.trajectory import TrajectorySpec, WorkloadKind
+from loom.rollout.history import TrajectoryRecord, TurnRecord
+from loom.rollout.history import write_history as history_file
 from loom.runtime.rollout import BackgroundRouter, EngineConfig, RolloutServerConfig
+from loom.runtime.rollout.prediction import HISTORY_FILE
 from loom.runtime.rollout.standin import StandinProcess
 from loom.sim.workloads.agentic import AgenticWorkload
 
@@ -41,6 +47,9 @@ SYSTEMS = {
     "verl": ("cache_aware", "rr"),
     "slime": ("least_load", "rr"),
     "verl*": ("hybrid", "rr"),
+    # ablations: Heddle's placement alone, PPS alone
+    "heddle-placement": ("heddle", "rr"),
+    "pps-only": ("least_load", "pps"),
 }
 
 
@@ -51,16 +60,22 @@ class Turn:
     tool_s: float | None
 
 
-def scaled_batch(args: argparse.Namespace) -> list[tuple[TrajectorySpec, list[Turn]]]:
-    wl = AgenticWorkload(
+def _workload(args: argparse.Namespace) -> AgenticWorkload:
+    return AgenticWorkload(
         kind=WorkloadKind(args.kind),
         model="qwen3-14b",
         num_prompts=args.prompts,
         samples=args.samples,
         prompt_seed=args.seed,
     )
+
+
+def scaled_batch(
+    args: argparse.Namespace, epoch: int | None = None
+) -> list[tuple[TrajectorySpec, list[Turn]]]:
+    wl = _workload(args)
     out = []
-    for spec in wl.sample(100 + args.seed):
+    for spec in wl.sample(100 + args.seed if epoch is None else epoch):
         turns = [
             Turn(
                 max(1, min(args.max_turn_tokens, round(t.input_tokens * args.token_scale))),
@@ -130,6 +145,60 @@ async def run_batch(url: str, batch: list[tuple[TrajectorySpec, list[Turn]]], se
     }
 
 
+def write_history(args: argparse.Namespace, state_dir: Path) -> int:
+    """Earlier epochs of the same prompts, scaled like the batch, as the router's history:
+    its predictor starts fitted, as Heddle's is after the first steps of training."""
+    records = []
+    for epoch in range(args.history):
+        for spec, turns in scaled_batch(args, epoch):
+            records.append(
+                TrajectoryRecord(
+                    trajectory_id=f"h{epoch}-{spec.traj_id}",
+                    prompt_id=str(spec.prompt_id),
+                    prompt_features=(float(turns[0].input_tokens),),
+                    turns=tuple(
+                        TurnRecord(
+                            input_tokens=t.input_tokens,
+                            output_tokens=t.output_tokens,
+                            tool_latency_s=t.tool_s,
+                        )
+                        for t in turns
+                    ),
+                )
+            )
+    state_dir.mkdir(parents=True, exist_ok=True)
+    return history_file(state_dir / HISTORY_FILE, records)
+
+
+def run_system(
+    args: argparse.Namespace,
+    name: str,
+    urls: list[str],
+    batch: list[tuple[TrajectorySpec, list[Turn]]],
+    tmp: Path,
+    n_hist: int,
+) -> dict[str, Any]:
+    """One run of the batch through a fresh router configured as system `name`."""
+    placement, scheduler = SYSTEMS[name]
+    state = Path(tempfile.mkdtemp(dir=tmp))
+    if n_hist:
+        (state / HISTORY_FILE).write_bytes((tmp / HISTORY_FILE).read_bytes())
+    cfg = RolloutServerConfig(
+        port=0,
+        placement=placement,
+        scheduler=scheduler,
+        state_dir=state if n_hist else None,
+        engines=tuple(EngineConfig(url=u, max_running=args.max_running) for u in urls),
+    )
+    with BackgroundRouter(cfg) as router:
+        deadline = time.monotonic() + 120
+        while n_hist and time.monotonic() < deadline:
+            if router.call(lambda d: d.predictor.model is not None):
+                break
+            time.sleep(0.1)
+        return {"system": name, **asyncio.run(run_batch(router.url, batch, args.seed))}
+
+
 @contextlib.contextmanager
 def engines(args: argparse.Namespace) -> Iterator[list[str]]:
     if args.engine:
@@ -165,7 +234,11 @@ def main() -> None:
     ap.add_argument("--max-turn-tokens", type=int, default=256)
     ap.add_argument("--max-turns", type=int, default=8)
     ap.add_argument("--max-running", type=int, default=4, help="turns in flight per engine")
-    ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument("--systems", default="heddle,verl,slime,verl*")
+    ap.add_argument(
+        "--history", type=int, default=3, help="earlier epochs the predictor learns from first"
+    )
+    ap.add_argument("--repeats", type=int, default=3, help="runs per system; medians reported")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     batch = scaled_batch(args)
@@ -175,30 +248,39 @@ def main() -> None:
         f"batch: {len(batch)} trajectories, {n_turns} turns, {n_tokens} output tokens", flush=True
     )
     rows: list[dict[str, Any]] = []
-    with engines(args) as urls:
-        for name in args.systems.split(","):
-            placement, scheduler = SYSTEMS[name]
-            cfg = RolloutServerConfig(
-                port=0,
-                placement=placement,
-                scheduler=scheduler,
-                engines=tuple(EngineConfig(url=u, max_running=args.max_running) for u in urls),
-            )
-            with BackgroundRouter(cfg) as router:
-                row = {"system": name, **asyncio.run(run_batch(router.url, batch, args.seed))}
-            rows.append(row)
-            print(
-                f"{name:>7}: makespan {row['makespan_s']:7.1f} s, {row['throughput_tok_s']:7.1f} "
-                f"tok/s, preemptions {row['preemptions']}, migrations {row['migrations']}",
-                flush=True,
+    with engines(args) as urls, tempfile.TemporaryDirectory() as tmp:
+        n_hist = write_history(args, Path(tmp)) if args.history else 0
+        print(f"history: {n_hist} trajectories from {args.history} earlier epochs")
+        runs: dict[str, list[dict[str, Any]]] = {}
+        for rep in range(args.repeats):  # systems interleaved: drift hits all alike
+            for name in args.systems.split(","):
+                row = run_system(args, name, urls, batch, Path(tmp), n_hist)
+                runs.setdefault(name, []).append(row)
+                print(
+                    f"{name:>16} #{rep}: makespan {row['makespan_s']:7.1f} s, "
+                    f"{row['throughput_tok_s']:7.1f} tok/s, preemptions {row['preemptions']}, "
+                    f"migrations {row['migrations']}",
+                    flush=True,
+                )
+        for name, got in runs.items():
+            spans = [r["makespan_s"] for r in got]
+            rows.append(
+                {
+                    "system": name,
+                    "makespan_s": statistics.median(spans),
+                    "makespan_runs_s": spans,
+                    "throughput_tok_s": statistics.median(r["throughput_tok_s"] for r in got),
+                    "preemptions": statistics.median(r["preemptions"] for r in got),
+                    "migrations": statistics.median(r["migrations"] for r in got),
+                }
             )
     base = next((r for r in rows if r["system"] == "heddle"), None)
     if base is not None:
         for r in rows:
-            r["heddle_speedup"] = r["makespan_s"] / base["makespan_s"]
+            r["makespan_vs_heddle"] = r["makespan_s"] / base["makespan_s"]
         print(
-            "makespan / heddle's:",
-            ", ".join(f"{r['system']} {r['heddle_speedup']:.3f}" for r in rows),
+            "median makespan / heddle's (above 1: slower than heddle):",
+            ", ".join(f"{r['system']} {r['makespan_vs_heddle']:.3f}" for r in rows),
         )
     if args.json:
         with open(args.json, "w") as f:
