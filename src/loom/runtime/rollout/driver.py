@@ -31,7 +31,8 @@ from typing import Any
 import aiohttp
 
 from loom.core.errors import ConfigError
-from loom.rollout.heddle.planner import DegreeCostModel
+from loom.core.trajectory import TrajectorySpec
+from loom.rollout.heddle.planner import DegreeCostModel, decode_context
 from loom.rollout.heddle.router import HeddleRouter
 from loom.rollout.policy import ROUTERS, SCHEDULERS, PlacementKind, Router, TurnScheduler
 from loom.runtime.rollout.config import EngineConfig, EngineKind, RolloutServerConfig
@@ -99,28 +100,43 @@ def stable_id(value: str) -> int:
     return int.from_bytes(hashlib.blake2b(value.encode(), digest_size=7).digest(), "big")
 
 
-def default_cost(config: RolloutServerConfig) -> Callable[[int], Any]:
+def default_cost(
+    config: RolloutServerConfig, history: Sequence[TrajectorySpec] = ()
+) -> Callable[[int], Any]:
     """Heddle's placement cost per degree: from measured engine profiles where given, else
-    the roofline model of `config.model` on `config.gpu`. NOTE: the DP needs a typical
-    resident context before any trajectory ran; 8k tokens is assumed."""
+    the roofline model of `config.model` on `config.gpu`. F counts the router's admission:
+    beyond the engines' `max_running` turns queue. The typical resident context is the
+    history's (`decode_context`); with none, 8k tokens is assumed."""
+    context = decode_context(history) if history else 8192
+    running = min((e.max_running for e in config.engines), default=64)
     if config.profiles:
         from loom.runtime.rollout.cost import ProfiledDegreeCost
 
         try:
-            return ProfiledDegreeCost.load(config.profiles, context_per_seq=8192, max_group=4096)
+            return ProfiledDegreeCost.load(
+                config.profiles, context_per_seq=context, max_group=4096, max_running=running
+            )
         except OSError as exc:
             msg = f"cannot read engine profile {exc.filename}: {exc.strerror}"
             raise ConfigError(msg) from None
     from loom.core.topology import GpuType
 
     return DegreeCostModel(
-        gpu=GpuType(config.gpu), model=config.model, context_per_seq=8192, max_group=4096
+        gpu=GpuType(config.gpu),
+        model=config.model,
+        context_per_seq=context,
+        max_group=4096,
+        max_running=running,
     )
 
 
-def make_router(config: RolloutServerConfig, cost: Callable[[int], Any] | None = None) -> Router:
+def make_router(
+    config: RolloutServerConfig,
+    cost: Callable[[int], Any] | None = None,
+    history: Sequence[TrajectorySpec] = (),
+) -> Router:
     if config.placement is PlacementKind.HEDDLE:
-        return HeddleRouter(cost or default_cost(config))
+        return HeddleRouter(cost or default_cost(config, history))
     router: Router = ROUTERS.get(config.placement)()
     return router
 
@@ -138,7 +154,8 @@ class RolloutDriver:
     ) -> None:
         self.config = config
         self.scheduler: TurnScheduler = scheduler or SCHEDULERS.get(config.scheduler)()
-        self.router: Router = router or make_router(config)
+        self.predictor = OnlinePredictor(config.state_dir, config.history_limit)
+        self.router: Router = router or make_router(config, history=self.predictor.history)
         self.clock = clock
         self._t0 = clock()
         self.engines: dict[str, EngineState] = {}
@@ -147,7 +164,6 @@ class RolloutDriver:
         self._tids = itertools.count()
         self._idx = itertools.count()
         self._anon = itertools.count()
-        self.predictor = OnlinePredictor(config.state_dir, config.history_limit)
         self.metrics = RouterMetrics()
         self.counts = {
             "decisions": 0,
