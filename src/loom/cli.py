@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import signal
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Annotated
@@ -336,6 +335,8 @@ def serve_engine(
     ] = 0.1,
 ) -> None:
     """Serve a tiny random-weight model with vLLM on the CPU (built once; nothing downloaded)."""
+    import signal
+
     from loom.core.errors import ConfigError
     from loom.runtime.engine import (
         EngineConfig,
@@ -361,7 +362,7 @@ def serve_engine(
     except (EngineUnavailableError, EngineStartError) as exc:
         console.print(str(exc), style="red", markup=False, highlight=False)
         raise typer.Exit(1) from None
-    signal.signal(signal.SIGTERM, _interrupt)  # a SIGTERM stops the engine too
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops the engine too
     with engine:
         console.log(
             f"[bold]loom engine[/bold] on [link]{engine.url}[/link] — model"
@@ -374,10 +375,6 @@ def serve_engine(
             code = 0
     if code:
         raise typer.Exit(code)
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -108,3 +109,25 @@ class Background(threading.Thread):
         if self._error is not None:
             raise self._error
         return self._value
+
+
+def metric(http: httpx.Client, url: str, name: str) -> float:
+    """A `vllm:` sample of /metrics, summed over its labels (0 if absent)."""
+    total = 0.0
+    for line in http.get(f"{url}/metrics").text.splitlines():
+        if line.startswith((f"vllm:{name}{{", f"vllm:{name} ")):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def wait_metric(
+    http: httpx.Client, url: str, name: str, at_least: float, timeout_s: float = 60.0
+) -> None:
+    """Until `metric(name) >= at_least`. NOTE: on loaded cores one /metrics call can take
+    seconds, so a gauge may change and change back unseen: wait on counters where possible."""
+    deadline = time.monotonic() + timeout_s
+    while (value := metric(http, url, name)) < at_least:
+        assert time.monotonic() < deadline, (
+            f"vllm:{name} = {value} < {at_least} after {timeout_s} s"
+        )
+        time.sleep(0.05)

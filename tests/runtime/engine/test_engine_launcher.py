@@ -85,3 +85,17 @@ def test_an_engine_that_fails_to_start_says_why() -> None:
     assert "exited with code" in message
     assert "--no-such-flag" in message  # vLLM's own complaint, from the log's tail
     assert time.monotonic() - t0 < 240
+
+
+def test_cli_serve_engine_checks_its_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from loom.cli import app
+
+    runner = CliRunner()
+    bad = runner.invoke(app, ["serve", "engine", "--max-running", "0"])
+    assert bad.exit_code == 2 and "max_running" in bad.output
+    assert "--priority" in runner.invoke(app, ["serve", "engine", "--help"]).output
+    monkeypatch.setattr(launcher, "engine_available", lambda: False)
+    missing = runner.invoke(app, ["serve", "engine"])
+    assert missing.exit_code == 1 and INSTALL_HINT in missing.output

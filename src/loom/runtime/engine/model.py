@@ -164,9 +164,9 @@ def _write_model(spec: TinyModelSpec, out: Path) -> None:
         bos_token_id=pad,
         eos_token_id=eos,
         pad_token_id=pad,
-        torch_dtype="float32",
+        dtype="float32",
     )
     torch.manual_seed(spec.seed)
-    model = Qwen3ForCausalLM(config).to(torch.float32).eval()
+    model = Qwen3ForCausalLM(config)  # fp32: torch's default dtype
     model.generation_config = GenerationConfig(bos_token_id=pad, eos_token_id=eos, pad_token_id=pad)
     model.save_pretrained(out)

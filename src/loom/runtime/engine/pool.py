@@ -44,11 +44,13 @@ class EnginePool:
             log.info("starting engines %s", missing)
             with ThreadPoolExecutor(len(missing)) as pool:
                 futures = {i: pool.submit(self._start, i) for i in missing}
-            failed = [f.exception() for f in futures.values() if f.exception() is not None]
+            failed: list[BaseException] = []
             for i, future in futures.items():
-                if future.exception() is None:
+                if (exc := future.exception()) is not None:
+                    failed.append(exc)
+                else:
                     self._engines[i] = future.result()
-            if failed:
+            if failed:  # the engines that did start stay in the pool, for close()
                 raise failed[0]
         return [e for e in self._engines[:n] if e is not None]
 
