@@ -29,6 +29,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,9 @@ from loom.runtime.rollout import BackgroundRouter, EngineConfig, RolloutServerCo
 from loom.runtime.rollout.prediction import HISTORY_FILE
 from loom.runtime.rollout.standin import StandinProcess
 from loom.sim.workloads.agentic import AgenticWorkload
+
+# Heddle's placement cost for the vLLM CPU engines: their measured profile
+TINY_PROFILE = Path(str(resources.files("loom.perf") / "data/profiles/loom-tiny_cpu-vllm_tp1.csv"))
 
 SYSTEMS = {
     "heddle": ("heddle", "pps"),
@@ -187,6 +191,7 @@ def run_system(
         port=0,
         placement=placement,
         scheduler=scheduler,
+        profiles=(TINY_PROFILE,) if args.vllm else (),
         state_dir=state if n_hist else None,
         engines=tuple(EngineConfig(url=u, max_running=args.max_running) for u in urls),
     )
