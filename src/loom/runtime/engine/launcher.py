@@ -98,7 +98,7 @@ class EngineConfig:
         metadata={"help": "vLLM's VLLM_CPU_OMP_THREADS_BIND: 'auto', 'nobind' or a list '0-1'"},
     )
     startup_timeout_s: float = field(
-        default=300.0, metadata={"help": "seconds to wait for /health before giving up"}
+        default=600.0, metadata={"help": "seconds to wait for /health before giving up"}
     )
     log_path: Path | None = field(
         default=None, metadata={"help": "the engine's log (default: a temporary file)"}
