@@ -35,7 +35,7 @@ from typing import Any
 
 import httpx
 
-from loom.core.trajectory import TrajectorySpec, WorkloadKind
+from loom.core.trajectory import TrajectorySpec, TurnSpec, WorkloadKind
 from loom.rollout.history import TrajectoryRecord, TurnRecord
 from loom.rollout.history import write_history as history_file
 from loom.runtime.rollout import BackgroundRouter, EngineConfig, RolloutServerConfig
@@ -204,6 +204,112 @@ def run_system(
         return {"system": name, **asyncio.run(run_batch(router.url, batch, args.seed))}
 
 
+def to_spec(spec: TrajectorySpec, turns: list[Turn]) -> TrajectorySpec:
+    """The scaled trajectory as the simulator takes it; its prompt feature is what the
+    router's predictor sees (the prompt's tokens)."""
+    return TrajectorySpec(
+        traj_id=spec.traj_id,
+        prompt_id=spec.prompt_id,
+        sample_idx=spec.sample_idx,
+        workload=None,
+        turns=tuple(TurnSpec(t.input_tokens, t.output_tokens, t.tool_s) for t in turns),
+        prompt_features=(float(turns[0].input_tokens),),
+    )
+
+
+async def _timed_stream(http: httpx.AsyncClient, url: str, prompt: list[int], n: int) -> tuple:
+    """(time to first token, seconds per later token) of one streamed token-id request, the
+    way the router calls an engine."""
+    body = {
+        "model": (await http.get(url + "/v1/models")).json()["data"][0]["id"],
+        "prompt": prompt,
+        "max_tokens": n,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+        "return_token_ids": True,
+    }
+    t0 = time.perf_counter()
+    first = None
+    async with http.stream("POST", url + "/v1/completions", json=body) as resp:
+        async for line in resp.aiter_lines():
+            if first is None and line.startswith("data:") and "token_ids" in line:
+                first = time.perf_counter()
+    end = time.perf_counter()
+    assert first is not None
+    return first - t0, (end - first) / max(1, n - 1)
+
+
+async def calibrate(urls: list[str], max_running: int) -> list[tuple[int, int, int, int, float]]:
+    """Profile rows of the engines as the router uses them, end to end (HTTP streaming, the
+    API server's per-token work, every engine busy at once as in the batch): decode steps at
+    batch 1..max_running, prefills of 64..2048 tokens."""
+    rng = random.Random(0)
+    rows: list[tuple[int, int, int, int, float]] = []
+    async with httpx.AsyncClient(timeout=600) as http:
+        for batch in sorted({1, 2, max(1, max_running // 2), max_running}):
+            prompts = [[rng.randrange(3, 500) for _ in range(64)] for _ in range(batch)]
+            runs = await asyncio.gather(
+                *(_timed_stream(http, u, p, 96) for u in urls for p in prompts)
+            )
+            step = statistics.median(r[1] for r in runs)
+            rows.append((batch, batch * (64 + 48), 0, 0, step))
+        for n in (64, 512, 2048):
+            runs = await asyncio.gather(
+                *(
+                    _timed_stream(http, u, [rng.randrange(3, 500) for _ in range(n)], 2)
+                    for u in urls
+                )
+            )
+            rows.append((0, 0, n, 0, statistics.median(r[0] for r in runs)))
+    return rows
+
+
+def simulate(
+    args: argparse.Namespace,
+    name: str,
+    batch: list[tuple[TrajectorySpec, list[Turn]]],
+    n_engines: int,
+    profile: Path = TINY_PROFILE,
+) -> float:
+    """The same batch in Loom's rollout simulator, its engines modelled by the measured
+    profile of the vLLM CPU engine, the same policies and the same admission cap; the
+    router's predictor fitted on the same history. Migration recomputes the prefix there
+    as it does here (no KV moves)."""
+    from loom.perf.latency import ProfiledLatencyModel
+    from loom.rollout.heddle.predictor import ProgressivePredictor
+    from loom.rollout.policy import SCHEDULERS, WorkerLayout
+    from loom.runtime.rollout.driver import make_router
+    from loom.sim.rollout.simulator import RolloutConfig, RolloutSimulator
+
+    placement, scheduler = SYSTEMS[name]
+    specs = [to_spec(s, t) for s, t in batch]
+    history = [to_spec(s, t) for e in range(args.history) for s, t in scaled_batch(args, e)]
+    predictions = ProgressivePredictor().fit(history).predict_steps(specs) if history else None
+    settings = RolloutServerConfig(
+        placement=placement,
+        scheduler=scheduler,
+        profiles=(profile,),
+        engines=tuple(
+            EngineConfig(url=f"http://sim{i}", max_running=args.max_running)
+            for i in range(n_engines)
+        ),
+    )
+    latency = ProfiledLatencyModel.load(profile)
+    sim = RolloutSimulator(
+        specs,
+        WorkerLayout(degrees=(1,) * n_engines),
+        SCHEDULERS.get(scheduler)(),
+        make_router(settings, history=history),
+        RolloutConfig(
+            max_running=args.max_running, decode_reserve=args.max_turn_tokens, migrate_kv=False
+        ),
+        predictions=predictions,
+        latency=lambda tp: latency,
+    )
+    return sim.run().makespan_s
+
+
 @contextlib.contextmanager
 def engines(args: argparse.Namespace) -> Iterator[list[str]]:
     if args.engine:
@@ -279,6 +385,22 @@ def main() -> None:
                     "migrations": statistics.median(r["migrations"] for r in got),
                 }
             )
+        if args.vllm:  # the simulator against the same engines, profiled as served
+            from loom.perf.latency import ProfiledLatencyModel, save_profile
+
+            calib = asyncio.run(calibrate(urls, args.max_running))
+            served = Path(tmp) / "served_tp1.csv"
+            kv = ProfiledLatencyModel.load(TINY_PROFILE).kv_capacity_tokens
+            note = "end-to-end calibration by bench_rollout_runtime.py (streamed, all engines busy)"
+            save_profile(served, calib, tp=1, kv_capacity_tokens=kv, note=note)
+            print("served profile (decode_batch, context, prefill, prefill_ctx, s):", calib)
+            for row in rows:
+                row["sim_makespan_s"] = simulate(args, row["system"], batch, len(urls), served)
+                row["sim_over_real"] = row["sim_makespan_s"] / row["makespan_s"]
+                print(
+                    f"{row['system']:>16}: simulated {row['sim_makespan_s']:6.1f} s, real "
+                    f"(median) {row['makespan_s']:6.1f} s, sim/real {row['sim_over_real']:.3f}"
+                )
     base = next((r for r in rows if r["system"] == "heddle"), None)
     if base is not None:
         for r in rows:
