@@ -5,6 +5,10 @@ an uninterrupted one."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -35,7 +39,7 @@ def router(engines: list[EngineProcess], request: pytest.FixtureRequest) -> Iter
     cfg = RolloutServerConfig(
         port=0,
         engines=tuple(EngineConfig(url=e.url, max_running=max_running) for e in engines[:n]),
-        health_interval_s=0.5,
+        health_interval_s=1.0,
         **settings,
     )
     with BackgroundRouter(cfg) as r, httpx.Client(base_url=r.url, timeout=300) as http:
@@ -67,6 +71,12 @@ def _reference(engine: EngineProcess, prompt: list[int], n: int) -> list[int]:
     }
     out = httpx.post(engine.url + "/v1/completions", json=body, timeout=300).json()
     return list(out["choices"][0]["token_ids"])
+
+
+def _busy(engine: EngineProcess, seed: int) -> None:
+    """A long request straight to `engine`, ended by its death."""
+    with contextlib.suppress(httpx.HTTPError):
+        _reference(engine, [seed + 20, 5, 6], 3000)
 
 
 def test_a_multi_turn_trajectory_through_the_openai_api(router: httpx.Client) -> None:
@@ -102,7 +112,7 @@ def test_preemption_on_vllm_resumes_with_exactly_the_missing_tokens(
     first = _complete(router, "long", [1, 2, 3, 4], 4)["choices"][0]["token_ids"]
     prompt = [1, 2, 3, 4, *first, 5]
     out: dict = {}
-    worker = threading.Thread(target=lambda: out.update(_complete(router, "long", prompt, 400)))
+    worker = threading.Thread(target=lambda: out.update(_complete(router, "long", prompt, 3000)))
     worker.start()
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # wait until the long turn is decoding
@@ -115,8 +125,8 @@ def test_preemption_on_vllm_resumes_with_exactly_the_missing_tokens(
     assert stats["policy"]["preemptions"] >= 1
     assert fresh["usage"]["completion_tokens"] == 6
     choice = out["choices"][0]
-    assert choice["finish_reason"] == "length" and len(choice["token_ids"]) == 400
-    assert choice["token_ids"] == _reference(engines[0], prompt, 400)
+    assert choice["finish_reason"] == "length" and len(choice["token_ids"]) == 3000
+    assert choice["token_ids"] == _reference(engines[0], prompt, 3000)
     for key in ("long", "fresh"):
         router.post(f"/v1/trajectories/{key}/end")
 
@@ -129,27 +139,53 @@ def test_a_turn_survives_its_vllm_engine_being_killed(
 ) -> None:
     """Last in this module: it kills a shared engine (the pool starts another when asked)."""
     prompt = [7, 8, 9, 10]
-    expected = _reference(engines[0], prompt, 2000)
-    out: dict = {}
-    worker = threading.Thread(target=lambda: out.update(_complete(router, "k", prompt, 2000)))
+    expected = _reference(engines[0], prompt, 3500)
+    # declared alone, cache_aware pins it to the first engine; other work there slows it
+    # down, so that the turn is still running when that engine dies, however fast it is
+    batch = {"trajectories": [{"id": "k", "prompt_id": 1}]}
+    assert router.post("/v1/rollouts", json=batch).json()["plan"] == {"k": "e0"}
+    victim = engines[0]
+    load = [threading.Thread(target=_busy, args=(victim, i)) for i in range(6)]
+    for t in load:
+        t.start()
+    tokens: list[int] = []
+    finish: list[str] = []
+    seen = threading.Event()
+
+    def turn() -> None:  # streamed: the test sees tokens as the router relays them
+        body = {
+            "prompt": prompt,
+            "max_tokens": 3500,
+            "ignore_eos": True,
+            "temperature": 0,
+            "return_token_ids": True,
+            "stream": True,
+        }
+        with router.stream(
+            "POST", "/v1/completions", json=body, headers={"X-Trajectory-Id": "k"}
+        ) as resp:
+            for line in resp.iter_lines():
+                if line.startswith("data:") and "choices" in line:
+                    for choice in json.loads(line[5:])["choices"]:
+                        tokens.extend(choice.get("token_ids") or [])
+                        if choice.get("finish_reason"):
+                            finish.append(choice["finish_reason"])
+                    if len(tokens) >= 30:
+                        seen.set()
+        seen.set()
+
+    worker = threading.Thread(target=turn)
     worker.start()
-    host = None
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        view = router.get("/v1/trajectories/k")
-        if view.status_code == 200 and view.json()["engine"] is not None:
-            stats = router.get("/v1/stats").json()
-            host = view.json()["engine"]
-            if stats["engines"][host]["tokens"] >= 30:
-                break
-        time.sleep(0.05)
-    assert host is not None
-    victim = engines[int(host[1:])]
-    victim.stop()
-    assert worker.is_alive(), "the turn ended before its engine was killed"
+    assert seen.wait(120)
+    host = router.get("/v1/trajectories/k").json()["engine"]
+    assert host == "e0"
+    assert worker.is_alive() and not finish, "the turn ended before its engine could be killed"
+    os.killpg(victim.pid, signal.SIGKILL)  # no graceful drain: the engine dies mid-turn
     worker.join(300)
-    choice = out["choices"][0]
-    assert len(choice["token_ids"]) == 2000 and choice["token_ids"] == expected
+    for t in load:
+        t.join(60)
+    assert finish == ["length"] and len(tokens) == 3500
+    assert tokens == expected  # every token once, in order, as if nothing had happened
     stats = router.get("/v1/stats").json()
     assert stats["policy"]["failovers"] >= 1 and stats["engines"][host]["alive"] is False
     router.post("/v1/trajectories/k/end")

@@ -333,7 +333,8 @@ class RolloutDriver:
             await asyncio.sleep(cfg.health_interval_s)
             engines = list(self.engines.values())
             results = await asyncio.gather(
-                *(e.client.health(min(5.0, cfg.health_interval_s * 2)) for e in engines)
+                # NOTE: a busy engine answers /health late (vLLM's CPU build: 1-5 s at load)
+                *(e.client.health(min(10.0, max(5.0, cfg.health_interval_s * 2))) for e in engines)
             )
             for e, ok in zip(engines, results, strict=True):
                 if ok:
@@ -660,10 +661,6 @@ class RolloutDriver:
     ) -> None:
         if turn.attempt != attempt or turn.phase is not TurnPhase.RUNNING:
             return
-        self.counts["failovers"] += 1
-        self.metrics.failovers.inc()
-        e.failed_turns += 1
-        turn.failovers += 1
         turn.error = reason
         if down:
             self._engine_down(e, reason)  # moves this turn (and all others) elsewhere
@@ -690,6 +687,11 @@ class RolloutDriver:
         """Stop `turn`'s attempt at `e` and queue it again: at `e` (`here`, a preemption) or
         wherever the router sends it, avoiding `e`."""
         self._stop_attempt(turn, e)
+        if failed:  # its engine failed, stalled or was taken out: counted once, here
+            self.counts["failovers"] += 1
+            self.metrics.failovers.inc()
+            e.failed_turns += 1
+            turn.failovers += 1
         if turn.attempt > MAX_ATTEMPTS + turn.preemptions:
             self._fail(turn, f"gave up after {turn.attempt} attempts: {turn.error}", 502)
             return
