@@ -145,6 +145,7 @@ async def run_batch(url: str, batch: list[tuple[TrajectorySpec, list[Turn]]], se
         "tokens": sum(tokens),
         "throughput_tok_s": sum(tokens) / makespan,
         "preemptions": stats["policy"]["preemptions"],
+        "timing": stats["timing"],
         "migrations": stats["policy"]["migrations"],
     }
 
@@ -172,6 +173,14 @@ def write_history(args: argparse.Namespace, state_dir: Path) -> int:
             )
     state_dir.mkdir(parents=True, exist_ok=True)
     return history_file(state_dir / HISTORY_FILE, records)
+
+
+def per_turn(timing: dict[str, float]) -> str:
+    n = max(1, timing["turns"])
+    return (
+        f"queue {timing['queue_s'] / n:.3f} s, first token {timing['first_token_s'] / n:.3f} s, "
+        f"decode {timing['decode_s'] / n:.3f} s"
+    )
 
 
 def run_system(
@@ -370,7 +379,7 @@ def main() -> None:
                 print(
                     f"{name:>16} #{rep}: makespan {row['makespan_s']:7.1f} s, "
                     f"{row['throughput_tok_s']:7.1f} tok/s, preemptions {row['preemptions']}, "
-                    f"migrations {row['migrations']}",
+                    f"migrations {row['migrations']}; per turn: {per_turn(row['timing'])}",
                     flush=True,
                 )
         for name, got in runs.items():

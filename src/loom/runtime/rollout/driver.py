@@ -175,6 +175,8 @@ class RolloutDriver:
             "finished": 0,
             "turns": 0,
         }
+        # summed over finished turns: router queueing, time to first token, decoding
+        self.timing = {"turns": 0, "queue_s": 0.0, "first_token_s": 0.0, "decode_s": 0.0}
         self.model = ""
         self.max_model_len: int | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -725,6 +727,11 @@ class RolloutDriver:
         t.last_seen_s = now
         t.active = None
         self.metrics.turn_done(now - turn.arrival_s)
+        if turn.started_s is not None and turn.first_token_s is not None:
+            self.timing["turns"] += 1
+            self.timing["queue_s"] += turn.started_s - turn.arrival_s
+            self.timing["first_token_s"] += turn.first_token_s - turn.started_s
+            self.timing["decode_s"] += now - turn.first_token_s
         turn.updates.put_nowait(None)
         turn.finished.set()
         if e is not None:
@@ -829,6 +836,7 @@ class RolloutDriver:
             "scheduler": self.config.scheduler.value,
             "engines": engines,
             "policy": dict(self.counts),
+            "timing": dict(self.timing),
             "trajectories": {
                 "active": len(self.trajectories),
                 "in_flight": sum(1 for t in self.trajectories.values() if t.active),
