@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -15,6 +15,9 @@ from loom.core.errors import UnknownPolicyError
 from loom.core.trajectory import WorkloadKind
 from loom.experiments.registry import SYSTEMS
 from loom.experiments.report import Record, Task, print_tables, write_csvs, write_json
+
+if TYPE_CHECKING:
+    from loom.runtime.rollout import RolloutServerConfig
 
 app = typer.Typer(
     help="Loom: resource orchestration for RL post-training of LLMs.",
@@ -187,6 +190,28 @@ def serve_rollout(
         list[Path] | None,
         typer.Option("--profile", help="engine profile CSV per TP degree for Heddle's placement"),
     ] = None,
+    ray: Annotated[
+        bool,
+        typer.Option(
+            "--ray",
+            help="on Ray: the router a named actor, engines started in a "
+            "placement group (one bundle of --tp GPUs each)",
+        ),
+    ] = False,
+    ray_engines: Annotated[
+        int | None, typer.Option("--engines", help="with --ray: engines to start (default 1)")
+    ] = None,
+    engine_kind: Annotated[
+        str | None, typer.Option("--engine-kind", help="with --ray: vllm (default) or standin")
+    ] = None,
+    engine_gpus: Annotated[
+        int | None,
+        typer.Option("--engine-gpus", help="with --ray: GPUs per engine (default --tp; 0: CPU)"),
+    ] = None,
+    ray_address: Annotated[
+        str | None,
+        typer.Option("--ray-address", help="with --ray: cluster to join ('auto': a running one)"),
+    ] = None,
 ) -> None:
     """Route the turns of rollout trajectories to inference engines, scheduled and placed by
     Heddle's policies or a baseline's."""
@@ -194,6 +219,11 @@ def serve_rollout(
     from loom.runtime.rollout import RolloutServerConfig, load_config, serve
     from loom.runtime.rollout.config import parse_engine
 
+    ray_flags = (ray_engines, engine_kind, engine_gpus, ray_address)
+    if not ray and any(flag is not None for flag in ray_flags):
+        raise typer.BadParameter(
+            "--engines, --engine-kind, --engine-gpus and --ray-address go with --ray"
+        )
     try:
         base = load_config(config) if config is not None else RolloutServerConfig()
         defaults = {"tp": tp, "max_running": max_running}
@@ -211,7 +241,34 @@ def serve_rollout(
         )
     except ConfigError as exc:
         raise typer.BadParameter(str(exc)) from None
+    if ray:
+        ray_settings = {
+            "engines": ray_engines,
+            "tp": tp,
+            "max_running": max_running,
+            "launcher": engine_kind,
+            "gpus": engine_gpus,
+            "address": ray_address,
+            "host": host,
+        }
+        _serve_rollout_on_ray(settings, {k: v for k, v in ray_settings.items() if v is not None})
+        return
     serve(settings, announce=lambda line: console.log(line))
+
+
+def _serve_rollout_on_ray(settings: RolloutServerConfig, ray_settings: dict[str, Any]) -> None:
+    from loom.core.errors import ConfigError, LoomError
+    from loom.runtime.rollout.ray_deploy import RayDeployConfig, serve_ray
+
+    try:
+        config = RayDeployConfig(**ray_settings)
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    try:
+        serve_ray(settings, config, announce=lambda line: console.log(line))
+    except LoomError as exc:
+        console.print(str(exc), style="red", markup=False, highlight=False)
+        raise typer.Exit(1) from None
 
 
 plan_app = typer.Typer(help="Plan resources for Loom's runtime.", no_args_is_help=True)

@@ -33,6 +33,7 @@ __all__ = [
     "engine_available",
     "free_port",
     "require_engine",
+    "stop_all",
 ]
 
 log = logging.getLogger(__name__)
@@ -333,7 +334,8 @@ _LIVE: set[EngineProcess] = set()
 
 
 @atexit.register
-def _stop_all() -> None:
-    """Engines left running when the interpreter exits are stopped with it."""
+def stop_all() -> None:
+    """Stop every engine this process started, one still starting included (it is registered
+    before it is healthy); engines left running when the interpreter exits are stopped so."""
     for engine in list(_LIVE):
         engine.stop(timeout_s=5.0)

@@ -1,0 +1,144 @@
+"""The router and stand-in engines deployed on a local Ray cluster with fake GPUs: placement,
+engines joining the serving router, lookup by name, teardown, and the errors a user meets."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from loom.cli import app
+from loom.runtime.rollout import RolloutServerConfig
+from loom.runtime.rollout.ray_deploy import (
+    RAY_INSTALL_HINT,
+    DeployError,
+    EngineLauncher,
+    PlacementError,
+    RayDeployConfig,
+    RayUnavailableError,
+    connect,
+    deploy,
+    require_ray,
+)
+
+requires_ray = pytest.mark.skipif(
+    importlib.util.find_spec("ray") is None, reason=f"needs the ray extra: {RAY_INSTALL_HINT}"
+)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    """A local Ray with 4 fake GPUs and 4 CPUs; nothing of ours is left on it afterwards."""
+    import ray
+
+    ray.init(
+        num_gpus=4,
+        num_cpus=4,
+        object_store_memory=100 * 2**20,
+        include_dashboard=False,
+        namespace="loom-test",
+        log_to_driver=False,
+    )
+    yield ray
+    ray.shutdown()
+
+
+def standins(**overrides: Any) -> RayDeployConfig:
+    values: dict[str, Any] = {
+        "engines": 2,
+        "tp": 2,
+        "launcher": EngineLauncher.STANDIN,
+        "max_running": 8,
+        "host": "127.0.0.1",
+        "namespace": "loom-test",
+        "standin_args": ("--step-ms", "2"),
+        "placement_timeout_s": 30,
+        "engine_timeout_s": 120,
+    }
+    return RayDeployConfig(**{**values, **overrides})
+
+
+def leftovers(ray: Any) -> tuple[list[Any], list[str]]:
+    """Named actors still alive and placement groups not removed (our actors are all named)."""
+    from ray.util.placement_group import placement_group_table
+
+    actors = ray.util.list_named_actors(all_namespaces=True)
+    groups = [g["name"] for g in placement_group_table().values() if g["state"] != "REMOVED"]
+    return actors, groups
+
+
+def wait_empty(ray: Any, timeout_s: float = 20.0) -> tuple[list[Any], list[str]]:
+    deadline = time.monotonic() + timeout_s
+    while (left := leftovers(ray)) != ([], []) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+@pytest.mark.ray
+@requires_ray
+def test_deploy_reserves_tp_bundles_and_engines_join_the_router(cluster: Any) -> None:
+    ray = cluster
+    from ray.util.placement_group import placement_group_table
+
+    rollout = deploy(standins(), RolloutServerConfig(port=0, placement="least_load"))
+    try:
+        table = placement_group_table(rollout.placement_group)
+        assert table["state"] == "CREATED"
+        assert table["strategy"] == "PACK"
+        assert table["bundles"] == {0: {"GPU": 2.0, "CPU": 1.0}, 1: {"GPU": 2.0, "CPU": 1.0}}
+        assert ray.available_resources().get("GPU", 0.0) == 0.0
+        assert sorted(len(e["gpu_ids"]) for e in rollout.joined) == [2, 2]
+        assert len({g for e in rollout.joined for g in e["gpu_ids"]}) == 4  # disjoint
+
+        stats = httpx.get(f"{rollout.url}/v1/stats", timeout=30).json()
+        assert set(stats["engines"]) == {"ray-e0", "ray-e1"}
+        assert {e["tp"] for e in stats["engines"].values()} == {2}
+        assert {e["kind"] for e in stats["engines"].values()} == {"sglang"}
+        body = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 8}}
+        resp = httpx.post(f"{rollout.url}/generate", json=body, timeout=30)
+        assert resp.status_code == 200 and len(resp.json()["output_ids"]) == 8
+
+        found = connect("loom-rollout-router", namespace="loom-test")  # as another driver would
+        assert found.url == rollout.url and len(found.engines) == 2
+        assert ray.get_actor("loom-rollout-router", namespace="loom-test") is not None
+        assert found.stats()["policy"]["turns"] == 1
+        with pytest.raises(DeployError, match="runs in namespace"):
+            deploy(standins())
+    finally:
+        engine_urls = [e["url"] for e in rollout.joined]
+        rollout.shutdown()
+    assert wait_empty(ray) == ([], [])
+    for url in engine_urls:  # the engine processes went with their actors
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"{url}/health", timeout=2)
+
+
+@pytest.mark.ray
+@requires_ray
+def test_engines_that_do_not_fit_fail_clearly(cluster: Any) -> None:
+    t0 = time.monotonic()
+    with pytest.raises(PlacementError) as info:
+        deploy(standins(engines=1, tp=8, placement_timeout_s=2))
+    message = str(info.value)
+    assert "1 engines of GPU 8, CPU 1" in message and "at most GPU 4" in message
+    assert time.monotonic() - t0 < 20
+    assert wait_empty(cluster) == ([], [])
+
+
+def test_without_ray_the_error_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
+    with pytest.raises(RayUnavailableError, match=r"pip install 'loom-rl\[ray\]'"):
+        require_ray()
+    result = CliRunner().invoke(app, ["serve", "rollout", "--ray", "--engines", "1"])
+    assert result.exit_code == 1 and RAY_INSTALL_HINT in result.output
+
+
+def test_cli_ray_flags_need_ray() -> None:
+    result = CliRunner().invoke(app, ["serve", "rollout", "--engines", "2"])
+    assert result.exit_code == 2 and "--ray" in result.output
