@@ -86,37 +86,42 @@ def test_deploy_reserves_tp_bundles_and_engines_join_the_router(cluster: Any) ->
     ray = cluster
     from ray.util.placement_group import placement_group_table
 
-    rollout = deploy(standins(), RolloutServerConfig(port=0, placement="least_load"))
+    rollout = deploy(standins(), RolloutServerConfig(port=0, placement="least_load"), wait=False)
     try:
+        serving = httpx.get(f"{rollout.url}/v1/stats", timeout=30).json()  # before any joined
+        assert set(serving["engines"]) <= {"ray-e0", "ray-e1"}
+        joined: list[str] = []
+        rollout.wait_engines(60, on_join=lambda e: joined.append(e["id"]))
+        assert sorted(joined) == ["ray-e0", "ray-e1"]
+
         table = placement_group_table(rollout.placement_group)
-        assert table["state"] == "CREATED"
-        assert table["strategy"] == "PACK"
+        assert table["state"] == "CREATED" and table["strategy"] == "PACK"
         assert table["bundles"] == {0: {"GPU": 2.0, "CPU": 1.0}, 1: {"GPU": 2.0, "CPU": 1.0}}
         assert ray.available_resources().get("GPU", 0.0) == 0.0
-        assert sorted(len(e["gpu_ids"]) for e in rollout.joined) == [2, 2]
-        assert len({g for e in rollout.joined for g in e["gpu_ids"]}) == 4  # disjoint
+        gpus = [e["gpu_ids"] for e in rollout.joined]
+        assert sorted(map(len, gpus)) == [2, 2] and len({g for ids in gpus for g in ids}) == 4
 
         stats = httpx.get(f"{rollout.url}/v1/stats", timeout=30).json()
         assert set(stats["engines"]) == {"ray-e0", "ray-e1"}
-        assert {e["tp"] for e in stats["engines"].values()} == {2}
-        assert {e["kind"] for e in stats["engines"].values()} == {"sglang"}
+        assert [(e["tp"], e["kind"]) for e in stats["engines"].values()] == [(2, "sglang")] * 2
         body = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 8}}
         resp = httpx.post(f"{rollout.url}/generate", json=body, timeout=30)
         assert resp.status_code == 200 and len(resp.json()["output_ids"]) == 8
 
-        found = connect("loom-rollout-router", namespace="loom-test")  # as another driver would
-        assert found.url == rollout.url and len(found.engines) == 2
         assert ray.get_actor("loom-rollout-router", namespace="loom-test") is not None
-        assert found.stats()["policy"]["turns"] == 1
         with pytest.raises(DeployError, match="runs in namespace"):
             deploy(standins())
-    finally:
-        engine_urls = [e["url"] for e in rollout.joined]
+    except BaseException:
         rollout.shutdown()
+        raise
+    found = connect("loom-rollout-router", namespace="loom-test")  # as another driver would
+    assert found.url == rollout.url and len(found.engines) == 2
+    assert found.stats()["policy"]["turns"] == 1
+    found.shutdown()  # the router's record names every actor and the placement group
     assert wait_empty(ray) == ([], [])
-    for url in engine_urls:  # the engine processes went with their actors
+    for e in rollout.joined:  # the engine processes went with their actors
         with pytest.raises(httpx.TransportError):
-            httpx.get(f"{url}/health", timeout=2)
+            httpx.get(f"{e['url']}/health", timeout=2)
 
 
 @pytest.mark.ray

@@ -1,7 +1,7 @@
 """The rollout router and its engines on a Ray cluster: the router as a named detached actor,
 the engines as actors in one placement group, each registering with the router as it comes up.
 
-How engines map to bundles. Each engine is ONE bundle, `{"GPU": tp, "CPU": engine_cpus}`, and
+How engines map to bundles. Each engine is ONE bundle, `{"GPU": tp, "CPU": cpus}`, and
 one actor that holds all of it; the engine's process (with its tensor-parallel workers, vLLM's
 multiprocessing executor) inherits the actor's CUDA_VISIBLE_DEVICES. Ray places a bundle on a
 single node, so an engine's TP group never spans nodes: that is STRICT_PACK within an engine,
@@ -54,6 +54,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 RAY_INSTALL_HINT = "pip install 'loom-rl[ray]'"
+_WATCH_S = 5.0
 
 
 class RayUnavailableError(LoomError, ImportError):
@@ -180,15 +181,15 @@ class RayRollout:
         router: Any | None,
         engines: list[Any],
         placement_group: Any,
-        pending: list[Any] | None = None,
     ) -> None:
-        self._ray = ray
+        self.ray = ray  # the ray module
         self.url = url
         self.router = router
         self.engines = engines
         self.placement_group = placement_group
         self.joined: list[dict[str, Any]] = []  # id, url, node_ip, gpu_ids of joined engines
-        self._pending = list(pending or ())
+        self._pending: list[Any] = []  # engines' start() calls, each done once it joined
+        self._down = False
 
     def wait_engines(
         self, timeout_s: float, on_join: Callable[[dict[str, Any]], None] | None = None
@@ -198,15 +199,15 @@ class RayRollout:
         deadline = time.monotonic() + timeout_s
         while self._pending:
             left = max(0.0, deadline - time.monotonic())
-            done, self._pending = self._ray.wait(self._pending, num_returns=1, timeout=left)
+            done, self._pending = self.ray.wait(self._pending, num_returns=1, timeout=left)
             if not done:
                 raise DeployError(
                     f"{len(self._pending)} of {len(self.engines)} engines had not joined the "
                     f"router after {timeout_s:.0f} s"
                 )
             try:
-                info = self._ray.get(done[0])
-            except self._ray.exceptions.RayError as exc:
+                info = self.ray.get(done[0])
+            except self.ray.exceptions.RayError as exc:
                 raise DeployError(f"an engine did not start: {exc}") from None
             self.joined.append(info)
             log.info("engine %s at %s joined the router", info["id"], info["url"])
@@ -216,13 +217,25 @@ class RayRollout:
 
     def stats(self, timeout_s: float = 60.0) -> dict[str, Any]:
         """The router's `/v1/stats`, through its actor."""
-        stats: dict[str, Any] = self._ray.get(self.router.stats.remote(), timeout=timeout_s)
+        assert self.router is not None, "the router actor was not started"
+        stats: dict[str, Any] = self.ray.get(self.router.stats.remote(), timeout=timeout_s)
         return stats
+
+    def ping(self, timeout_s: float = 60.0) -> None:
+        """Raise DeployError if the router's actor has died."""
+        assert self.router is not None, "the router actor was not started"
+        try:
+            self.ray.get(self.router.url.remote(), timeout=timeout_s)
+        except self.ray.exceptions.RayActorError as exc:
+            raise DeployError(f"the router's actor died: {exc}") from None
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
         """Stop the router (in-flight turns end), stop every engine process, kill the actors
         and remove the placement group. Safe to call twice."""
-        ray = self._ray
+        if self._down:
+            return
+        self._down = True
+        ray = self.ray
         actors = [a for a in (self.router, *self.engines) if a is not None]
         stops = [a.stop.remote() for a in actors]
         deadline = time.monotonic() + timeout_s
@@ -238,6 +251,61 @@ class RayRollout:
             with contextlib.suppress(ray.exceptions.RayError, ValueError):
                 ray.util.remove_placement_group(self.placement_group)
         self._pending = []
+
+    # ---- steps of deploy() -----------------------------------------------------------------
+
+    def _start_router(self, config: RayDeployConfig, settings: RolloutServerConfig) -> None:
+        self.router = (
+            self.ray.remote(RouterActor)
+            .options(
+                name=config.name,
+                namespace=config.namespace,
+                lifetime="detached",
+                num_cpus=config.router_cpus,
+                max_restarts=0,
+            )
+            .remote(settings, config.host)
+        )
+        self.url = self.ray.get(self.router.url.remote(), timeout=120)
+
+    def _start_engines(self, config: RayDeployConfig) -> None:
+        """One actor per bundle; each starts its engine and joins the router (not awaited).
+        The router records them first, so that connect() finds every actor started."""
+        from ray.util.placement_group import placement_group_table
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        assert self.router is not None, "start the router first"
+        names = [config.engine_name(i) for i in range(config.engines)]
+        record = {"placement_group": self.placement_group, "engines": names}
+        self.ray.get(self.router.remember.remote(record), timeout=60)
+        node_of = placement_group_table(self.placement_group)["bundles_to_node_id"]
+        nodes = list(dict.fromkeys(node_of[i] for i in range(config.engines)))
+        remote = self.ray.remote(EngineActor)
+        for i, name in enumerate(names):
+            spec = EngineSpec(
+                id=f"ray-e{i}",
+                launcher=config.launcher,
+                tp=config.tp,
+                max_running=config.max_running,
+                node=nodes.index(node_of[i]),
+                host=config.host,
+                vllm=config.vllm,
+                standin_args=config.standin_args,
+            )
+            actor = remote.options(
+                name=name,
+                namespace=config.namespace,
+                lifetime="detached",
+                num_gpus=config.engine_gpus,
+                num_cpus=config.cpus,
+                max_concurrency=2,  # stop() while start() runs
+                max_restarts=0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    self.placement_group, placement_group_bundle_index=i
+                ),
+            ).remote(spec)
+            self.engines.append(actor)
+            self._pending.append(actor.start.remote(self.url))
 
     def __enter__(self) -> RayRollout:
         return self
@@ -265,7 +333,7 @@ def deploy(
     the name is taken or an actor fails (having torn down what it started)."""
     config = config or RayDeployConfig()
     ray = require_ray()
-    _init(ray, config)
+    _init(ray, config.address, config.namespace)
     with contextlib.suppress(ValueError):
         ray.get_actor(config.name, namespace=config.namespace)
         raise DeployError(
@@ -275,8 +343,8 @@ def deploy(
     pg = _reserve(ray, config)
     rollout = RayRollout(ray, url="", router=None, engines=[], placement_group=pg)
     try:
-        _start_router(ray, config, router or RolloutServerConfig(), rollout)
-        _start_engines(ray, config, rollout)
+        rollout._start_router(config, router or RolloutServerConfig())
+        rollout._start_engines(config)
         if wait:
             rollout.wait_engines(config.engine_timeout_s)
     except ray.exceptions.RayError as exc:
@@ -288,10 +356,13 @@ def deploy(
     return rollout
 
 
-def connect(name: str = "loom-rollout-router", namespace: str = "loom") -> RayRollout:
-    """The deployment named `name`, from any driver of the cluster (Ray must be initialised,
-    e.g. `ray.init(address="auto")`); DeployError if there is none."""
+def connect(
+    name: str = "loom-rollout-router", namespace: str = "loom", address: str | None = "auto"
+) -> RayRollout:
+    """The deployment named `name`, from any driver of the cluster (joining the cluster at
+    `address` if this process is not in one yet); DeployError if there is none."""
     ray = require_ray()
+    _init(ray, address, namespace)
     try:
         router = ray.get_actor(name, namespace=namespace)
     except ValueError:
@@ -344,24 +415,25 @@ def _serve(
             ),
         )
         announce("every engine joined; Ctrl-C stops the deployment")
-        while True:
-            time.sleep(3600)
+        while True:  # until interrupted, or the router's actor dies
+            time.sleep(_WATCH_S)
+            rollout.ping()
     except KeyboardInterrupt:
         pass
     finally:
         rollout.shutdown()
 
 
-# ---- steps of deploy() ---------------------------------------------------------------------
+# ---- helpers -------------------------------------------------------------------------------
 
 
-def _init(ray: ModuleType, config: RayDeployConfig) -> None:
+def _init(ray: ModuleType, address: str | None, namespace: str) -> None:
     if ray.is_initialized():
         return
     try:
-        ray.init(address=config.address, namespace=config.namespace)
+        ray.init(address=address, namespace=namespace)
     except ConnectionError as exc:
-        raise DeployError(f"cannot reach the Ray cluster at {config.address!r}: {exc}") from None
+        raise DeployError(f"cannot reach the Ray cluster at {address!r}: {exc}") from None
 
 
 def _reserve(ray: ModuleType, config: RayDeployConfig) -> Any:
@@ -384,64 +456,6 @@ def _reserve(ray: ModuleType, config: RayDeployConfig) -> Any:
         f"({_fmt(ray.available_resources())} free), at most {_fmt(_largest_node(ray))} on "
         "one node. Start fewer or smaller engines, or reserve no GPUs for CPU engines."
     )
-
-
-def _start_router(
-    ray: ModuleType, config: RayDeployConfig, settings: RolloutServerConfig, rollout: RayRollout
-) -> None:
-    rollout.router = (
-        ray.remote(RouterActor)
-        .options(
-            name=config.name,
-            namespace=config.namespace,
-            lifetime="detached",
-            num_cpus=config.router_cpus,
-            max_restarts=0,
-        )
-        .remote(settings, config.host)
-    )
-    rollout.url = ray.get(rollout.router.url.remote(), timeout=120)
-
-
-def _start_engines(ray: ModuleType, config: RayDeployConfig, rollout: RayRollout) -> None:
-    """One actor per bundle; each starts its engine and joins the router (not awaited)."""
-    from ray.util.placement_group import placement_group_table
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-    pg = rollout.placement_group
-    node_of = placement_group_table(pg)["bundles_to_node_id"]
-    nodes = list(dict.fromkeys(node_of[i] for i in range(config.engines)))
-    remote = ray.remote(EngineActor)
-    for i in range(config.engines):
-        spec = EngineSpec(
-            id=f"ray-e{i}",
-            launcher=config.launcher,
-            tp=config.tp,
-            max_running=config.max_running,
-            node=nodes.index(node_of[i]),
-            host=config.host,
-            vllm=config.vllm,
-            standin_args=config.standin_args,
-        )
-        actor = remote.options(
-            name=config.engine_name(i),
-            namespace=config.namespace,
-            lifetime="detached",
-            num_gpus=config.engine_gpus,
-            num_cpus=config.cpus,
-            max_concurrency=2,  # stop() while start() runs
-            max_restarts=0,
-            scheduling_strategy=PlacementGroupSchedulingStrategy(
-                pg, placement_group_bundle_index=i
-            ),
-        ).remote(spec)
-        rollout.engines.append(actor)
-        rollout._pending.append(actor.start.remote(rollout.url))
-    record = {
-        "placement_group": pg,
-        "engines": [config.engine_name(i) for i in range(config.engines)],
-    }
-    ray.get(rollout.router.remember.remote(record), timeout=60)
 
 
 def _largest_node(ray: ModuleType) -> dict[str, float]:
