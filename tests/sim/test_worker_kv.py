@@ -157,22 +157,40 @@ def test_tight_kv_never_deadlocks_or_overflows(seed, layout, router, sched, max_
 
 
 @pytest.mark.parametrize("capacity", [5200, 12_000])
-def test_pps_preempts_only_when_the_victims_kv_can_be_persisted(capacity):
-    # One slot. V (predicted short) is decoding with 3000 tokens resident when H, predicted
-    # longer, returns from its plan step needing 3000 more. With room for both H and V's
-    # persisted KV, H preempts V and V later resumes from its cache; without it, preempting
-    # would only trade V's context for a full recomputation, so H waits for V's turn.
+def test_pps_promotes_the_outranking_turn_at_once(capacity):
+    # One slot. V (predicted short) is decoding with about 3000 tokens resident when H,
+    # predicted longer, returns from its plan step needing 2900 more. Algorithm 1 evicts V,
+    # persists its KV and promotes H at once. With room for both, V later resumes from its
+    # cache; without it, H takes V's room and V recomputes its context on resume.
     v = _traj(0, (2900, 2000, None))
     h = _traj(1, (100, 10, 0.001), (2900, 100, None))
     preds = [(2000.0,), (5000.0, 5000.0)]
     sched = ProgressivePriorityScheduler(plan_first=False)
     sim, res = _run([v, h], sched, preds, capacity, max_running=1, decode_reserve=0)
-    assert res.prefill_tokens == 100 + 2900 + 2900  # no recomputation either way
-    if capacity == 5200:
-        assert res.preemptions == 0 and res.finish_s[0] < res.finish_s[1]
+    assert res.preemptions == 1 and res.finish_s[1] < res.finish_s[0]
+    h_start = 100 + 2900  # H's plan, then its second turn's input
+    if capacity == 12_000:
+        assert res.prefill_tokens == 2900 + h_start  # no recomputation
     else:
-        assert res.preemptions == 1 and res.finish_s[1] < res.finish_s[0]
+        assert res.prefill_tokens >= 2 * 2900 + h_start  # V's context, prefilled again
     assert sim.workers[0].peak_used <= capacity
+
+
+def test_pps_preempts_nobody_when_that_would_not_make_room():
+    # W (predicted longest, 8000-token prompt) and V (predicted short) are decoding when H
+    # returns from its plan step needing 4000 tokens. H outranks V but not W, and V's KV would
+    # not make room for H: preempting V would recompute it for nothing, so H waits, here
+    # until W has finished.
+    w = _traj(0, (8000, 1500, None))
+    v = _traj(1, (500, 1000, None))
+    h = _traj(2, (100, 10, 0.001), (4000, 100, None))
+    preds = [(9000.0,), (500.0,), (5000.0, 5000.0)]
+    sched = ProgressivePriorityScheduler(plan_first=False)
+    sim, res = _run([w, v, h], sched, preds, 12_000, decode_reserve=0)
+    assert res.preemptions == 0
+    assert res.finish_s[1] < res.finish_s[0] < res.finish_s[2]
+    assert res.prefill_tokens == 8000 + 500 + 100 + 4000
+    assert sim.workers[0].peak_used <= 12_000
 
 
 def test_a_preempted_turn_requeued_ahead_of_the_head_is_not_lost():

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +24,7 @@ from loom.rollout.heddle.placement import presorted_dp_hetero
 from loom.rollout.heddle.planner import AnnealingPlanner, FixedPlanner
 from loom.rollout.heddle.predictor import ProgressivePredictor
 from loom.rollout.heddle.resource_manager import DEFAULT_DEGREES, anneal_allocation
-from loom.rollout.heddle.router import HeddleRouter
+from loom.rollout.heddle.router import REPARTITION, HeddleRouter
 from loom.rollout.policy import SCHEDULERS, PlacementKind, Router, SchedulerKind, WorkerLayout
 from loom.sim.rollout.cost import SimulatedDegreeCost
 from loom.sim.rollout.simulator import RolloutConfig, RolloutResult, RolloutSimulator
@@ -69,6 +69,14 @@ class SystemSpec:
         default=False,
         metadata={"help": "Heddle's planner may not put every GPU into one worker"},
     )
+    repartition: float | None = field(
+        default=None,
+        metadata={
+            "help": "Heddle's placement: None keeps §5.3's scaled partition sizes alone; a "
+            "fraction re-runs the presorted DP whenever that share of the active "
+            "trajectories has finished (Loom's extension)"
+        },
+    )
 
 
 def baseline_systems(model: str) -> dict[str, SystemSpec]:
@@ -81,7 +89,14 @@ def baseline_systems(model: str) -> dict[str, SystemSpec]:
     }
 
 
-HEDDLE = SystemSpec(scheduler=SchedulerKind.PPS, placement=PlacementKind.HEDDLE)
+HEDDLE = SystemSpec(
+    scheduler=SchedulerKind.PPS, placement=PlacementKind.HEDDLE, repartition=REPARTITION
+)
+"""Loom's Heddle in Fig. 12: PPS, Heddle's placement with Loom's re-partitioning, the planner's
+layout. The ablations (Fig. 14-16) run §5.3's rule instead, and the extension as its own row."""
+
+EXTENSION = "+repartition"
+"""Suffix of an ablation row that runs Loom's re-partitioning beside §5.3's rule."""
 
 
 @dataclass
@@ -150,7 +165,7 @@ class Scenario:
 
 
 ROUTER_FACTORIES: dict[PlacementKind, Callable[[Scenario, SystemSpec], Router]] = {
-    PlacementKind.HEDDLE: lambda s, _: HeddleRouter(s.cost),
+    PlacementKind.HEDDLE: lambda s, spec: HeddleRouter(s.cost, repartition=spec.repartition),
     PlacementKind.CACHE_AWARE: lambda s, _: CacheAwareRouter(),
     PlacementKind.LEAST_LOAD: lambda s, _: LeastLoadRouter(),
     PlacementKind.HYBRID: lambda s, spec: HybridRouter(threshold=spec.skew_threshold),
@@ -251,8 +266,17 @@ def _ablation_tasks(
             yield f"{exp} {kind.value} {name}", run
 
 
+def _with_extension(variants: dict[str, SystemSpec], name: str) -> dict[str, SystemSpec]:
+    """`variants` (§5.3's rule) plus `name` again under Loom's re-partitioning extension."""
+    return {**variants, name + EXTENSION: replace(variants[name], repartition=REPARTITION)}
+
+
+SCHEDULER_ABLATION = (SchedulerKind.PPS, SchedulerKind.FCFS, SchedulerKind.RR, SchedulerKind.SJF)
+
+
 def fig14_tasks(cells: Callable[[WorkloadKind, str], Scenario]) -> Iterator[Task]:
-    """Schedulers compared on Heddle's layout with at least two workers, as in fig15. NOTE: at
+    """Schedulers compared on Heddle's placement under §5.3's rule, on Heddle's layout with at
+    least two workers, as in fig15; `pps+repartition` adds Loom's extension. NOTE: at
     8 GPUs (`--quick`) Heddle's planner picks one TP8 worker, which admits the whole batch at
     once (1,024 running turns), so no turn queues and the four schedulers tie within 0.5%; the
     multi-worker constraint binds only there. `mean_active_trajectories` (unfinished ones,
@@ -260,12 +284,12 @@ def fig14_tasks(cells: Callable[[WorkloadKind, str], Scenario]) -> Iterator[Task
     defers stay alive, share the batches of the long ones and slow their decoding."""
     variants = {
         k.value: SystemSpec(scheduler=k, placement=PlacementKind.HEDDLE, multi_worker=True)
-        for k in (SchedulerKind.PPS, SchedulerKind.FCFS, SchedulerKind.RR, SchedulerKind.SJF)
+        for k in SCHEDULER_ABLATION
     }
     return _ablation_tasks(
         "fig14",
         cells,
-        variants,
+        _with_extension(variants, SchedulerKind.PPS.value),
         lambda r: {
             "longest_queue_delay_s": r.longest_queue_delay_s,
             "mean_active_trajectories": r.mean_active,
@@ -274,9 +298,10 @@ def fig14_tasks(cells: Callable[[WorkloadKind, str], Scenario]) -> Iterator[Task
 
 
 def fig15_tasks(cells: Callable[[WorkloadKind, str], Scenario]) -> Iterator[Task]:
-    """Placements compared on one layout: Heddle's, but with at least two workers. NOTE: at
-    8 GPUs (`--quick`) Heddle's planner picks a single TP8 worker, on which every placement is
-    the same; the multi-worker constraint binds only there (at 64 GPUs no degree takes all)."""
+    """Placements compared on one layout: Heddle's, but with at least two workers; `heddle`
+    is §5.3's rule, `heddle+repartition` Loom's extension. NOTE: at 8 GPUs (`--quick`)
+    Heddle's planner picks a single TP8 worker, on which every placement is the same; the
+    multi-worker constraint binds only there (at 64 GPUs no degree takes all)."""
     pps = SchedulerKind.PPS
     variants = {
         "heddle": SystemSpec(scheduler=pps, placement=PlacementKind.HEDDLE, multi_worker=True),
@@ -288,17 +313,19 @@ def fig15_tasks(cells: Callable[[WorkloadKind, str], Scenario]) -> Iterator[Task
             scheduler=pps, placement=PlacementKind.CACHE_AWARE, multi_worker=True
         ),
     }
-    return _ablation_tasks("fig15", cells, variants, lambda r: {})
+    return _ablation_tasks("fig15", cells, _with_extension(variants, "heddle"), lambda r: {})
 
 
 def fig16_tasks(cells: Callable[[WorkloadKind, str], Scenario]) -> Iterator[Task]:
+    """Heddle's planner against homogeneous layouts, all under §5.3's placement rule;
+    `heddle+repartition` adds Loom's extension."""
     pps, hp = SchedulerKind.PPS, PlacementKind.HEDDLE
     variants = {
-        "heddle": HEDDLE,
+        "heddle": SystemSpec(scheduler=pps, placement=hp),
         "fix1": SystemSpec(scheduler=pps, placement=hp, degree=1),
         "fix8": SystemSpec(scheduler=pps, placement=hp, degree=8),
     }
-    return _ablation_tasks("fig16", cells, variants, lambda r: {})
+    return _ablation_tasks("fig16", cells, _with_extension(variants, "heddle"), lambda r: {})
 
 
 def table2_tasks(
@@ -442,7 +469,8 @@ def plot(records: list[Record], out: Path) -> list[Path]:
 
 
 def summary(records: list[Record]) -> list[Record]:
-    """Headline ratios: Heddle over the best baseline (Fig. 12), PPS over the others (Fig. 14)."""
+    """Headline ratios: Heddle over the best baseline (Fig. 12), PPS over FCFS, RR and SJF
+    (Fig. 14), Heddle's placement over least-load and cache-aware (Fig. 15)."""
     rows: list[Record] = []
     f12 = [r for r in records if r["experiment"] == "fig12"]
     for model in dict.fromkeys(r["model"] for r in f12):
@@ -467,20 +495,42 @@ def summary(records: list[Record]) -> list[Record]:
                     "vs_verl_star": cell["heddle"] / cell["verl_star"],
                 }
             )
-    f14 = [r for r in records if r["experiment"] == "fig14"]
+    rows += _ratio_rows(
+        records,
+        "fig14",
+        ("pps",),
+        tuple(k.value for k in SCHEDULER_ABLATION if k != SchedulerKind.PPS),
+    )
+    rows += _ratio_rows(
+        records, "fig15", ("heddle", "heddle" + EXTENSION), ("least_load", "cache_aware")
+    )
+    return rows
+
+
+def _ratio_rows(
+    records: list[Record], exp: str, policies: tuple[str, ...], others: tuple[str, ...]
+) -> list[Record]:
+    """Per workload: each of `policies` against each of `others`, as a speedup in rollout time
+    (other's time / its time; above 1: it is faster), with the slowest and the fastest other."""
+    rows: list[Record] = []
+    recs = [r for r in records if r["experiment"] == exp]
     for kind in WORKLOADS:
-        cell = {r["policy"]: r["rollout_time_s"] for r in f14 if r["workload"] == kind.value}
-        if "pps" in cell:
+        cell = {r["policy"]: r["rollout_time_s"] for r in recs if r["workload"] == kind.value}
+        theirs = {k: cell[k] for k in others if k in cell}
+        for policy in policies:
+            if policy not in cell or not theirs:
+                continue
+            ours = cell[policy]
             rows.append(
                 {
                     "experiment": "summary",
                     "workload": kind.value,
                     "model": ABLATION_MODEL,
-                    "policy": "pps",
-                    "speedup_vs_slowest_other": max(v for k, v in cell.items() if k != "pps")
-                    / cell["pps"],
-                    "speedup_vs_fastest_other": min(v for k, v in cell.items() if k != "pps")
-                    / cell["pps"],
+                    "policy": policy,
+                    "ablation": exp,
+                    "speedup_vs_slowest_other": max(theirs.values()) / ours,
+                    "speedup_vs_fastest_other": min(theirs.values()) / ours,
+                    **{f"vs_{k}": v / ours for k, v in theirs.items()},
                 }
             )
     return rows

@@ -41,7 +41,11 @@ from loom.core.errors import ConfigError
 from loom.rollout.heddle.placement import Placement, WorkerCost, presorted_dp_hetero
 from loom.rollout.policy import ROUTERS, PlacementKind, TrajectoryView, WorkerView
 
-__all__ = ["GROWTH", "HeddleRouter"]
+__all__ = ["GROWTH", "REPARTITION", "HeddleRouter"]
+
+REPARTITION = 0.1
+"""Loom's extension's default: the DP runs again over the active trajectories once this
+fraction of them has finished since it last ran (None: §5.3's scaled sizes alone)."""
 
 GROWTH = 0.1
 """Runtime only: the DP runs again once trajectories that joined outside a declared batch have
@@ -55,7 +59,7 @@ class HeddleRouter:
         self,
         worker_cost: Callable[[int], WorkerCost],
         migrate: bool = True,
-        repartition: float | None = 0.1,
+        repartition: float | None = REPARTITION,
     ) -> None:
         if repartition is not None and not 0 < repartition < 1:
             raise ConfigError(f"repartition must be in (0, 1), got {repartition}")

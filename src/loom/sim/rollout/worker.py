@@ -87,7 +87,8 @@ class Worker:
         self.prefill_tokens = 0  # tokens actually prefilled (recomputation included)
         self.cached_hit_tokens = 0
         self.preemptions = 0
-        self._persist: set[int] = set()  # prefixes of turns preempted in this admission pass
+        # prefixes of turns preempted in this admission pass -> the turn they were preempted for
+        self._persist: dict[int, int] = {}
 
     # ---- views -------------------------------------------------------------------------
     @property
@@ -126,15 +127,12 @@ class Worker:
             self.drop_idle(victim)
         return True
 
-    def _can_fit(self, tokens: int, keep: int, rank: float, spare: TrajState | None = None) -> bool:
-        """Whether `_make_room(tokens, keep, rank)` would succeed; evicts nothing. `spare`: a
-        running turn about to be preempted, whose KV (resident now) must stay cached."""
+    def _can_fit(self, tokens: int, keep: int, rank: float) -> bool:
+        """Whether `_make_room(tokens, keep, rank)` would succeed; evicts nothing."""
         free = self._free()
         if free >= tokens:
             return True
-        keep_ids = {keep, *self._persist}
-        if spare is not None:  # its prefix, if already idle here, is kept too
-            keep_ids.add(spare.traj_id)
+        keep_ids = {keep, *self._protected(keep)}
         if free + self.idle_used - sum(self.idle.get(k, 0) for k in keep_ids) < tokens:
             return False
         if not self.sched.priority_eviction:
@@ -143,6 +141,11 @@ class Worker:
             n for t, n in self.idle.items() if t not in keep_ids and self._evictable(t, rank)
         )
         return free + evictable >= tokens
+
+    def _protected(self, keep: int) -> set[int]:
+        """Prefixes of turns preempted in this admission pass, but for `keep`'s own victims:
+        only the turn that outranked them may take their room."""
+        return {t for t, head in self._persist.items() if head != keep}
 
     def _evictable(self, traj_id: int, rank: float) -> bool:
         """Under `priority_eviction`: a prefix that its trajectory will read again here is
@@ -157,11 +160,12 @@ class Worker:
         Algorithm 1's "persist KV cache": a long-tail trajectory keeps its KV through a tool
         call or a preemption instead of losing it to turns that rank below it and prefilling
         its whole context again when it returns."""
+        protected = self._protected(keep)
         if not self.sched.priority_eviction:
-            return next((t for t in self.idle if t != keep and t not in self._persist), None)
+            return next((t for t in self.idle if t != keep and t not in protected), None)
         victim, best = None, None
         for t in self.idle:  # least recently used first: ties keep that order
-            if t == keep or t in self._persist or not self._evictable(t, rank):
+            if t == keep or t in protected or not self._evictable(t, rank):
                 continue
             order = (self._returns_here(self._owner[t]), -self._key(self._owner[t]))
             if best is None or order < best:
@@ -317,22 +321,34 @@ class Worker:
             self.running.append(Seq(traj, key, need))
 
     def _preempt_for(self, traj: TrajState, key: float, need: int) -> bool:
-        """Preemptive schedulers evict the worst running turn if `key` outranks it and the
-        victim's KV can be persisted: `traj` (`need` new tokens) must then fit without
-        evicting it. NOTE: Algorithm 1 preempts and persists the victim's KV cache; when the
-        cache has no room for both, preempting would only trade the victim's context for a
-        full recomputation later, so the outranking turn waits for room instead."""
+        """Algorithm 1, lines 6-10: if `key` outranks the lowest-priority running turn, evict
+        that turn, persist its KV as a cached prefix and re-queue it; the caller then promotes
+        `traj` (`need` new tokens). Where memory rather than a slot is short, the victim's
+        persisted KV is room that `traj` alone may take (it is dropped, and recomputed on
+        resume, only as far as `traj` needs it), and further victims follow while `traj`
+        still outranks them. NOTE: nobody is preempted when even every turn that `traj`
+        outranks would not make room for it: that would recompute them for nothing."""
         if not self.sched.preemptive or not self.running:
             return False
         victim = max(self.running, key=lambda s: s.key)
-        if not self.sched.outranks(key, victim.key):
+        if not self.sched.outranks(key, victim.key) or not self._fits_by_preempting(
+            traj, key, need
+        ):
             return False
-        reserve = self.decode_reserve * len(self.running)
-        if not self._can_fit(need + reserve, keep=traj.traj_id, rank=key, spare=victim.traj):
-            return False
-        self._persist.add(victim.traj.traj_id)  # admissions in this pass leave its KV
+        self._persist[victim.traj.traj_id] = traj.traj_id
         self._preempt(victim)
         return True
+
+    def _fits_by_preempting(self, traj: TrajState, key: float, need: int) -> bool:
+        """Whether `traj` would get a slot and room once every running turn it outranks were
+        preempted and their KV dropped."""
+        victims = [s for s in self.running if self.sched.outranks(key, s.key)]
+        staying = len(self.running) - len(victims)
+        if staying >= self.max_running:
+            return False
+        freed = sum(s.traj.full_context() - s.prefill_left for s in victims)
+        reserve = self.decode_reserve * (staying + 1)
+        return self._can_fit(need + reserve - freed, keep=traj.traj_id, rank=key)
 
     def _preempt(self, victim: Seq) -> None:
         self.running.remove(victim)
