@@ -84,7 +84,9 @@ def test_quick_reproduce_writes_every_experiment(tmp_path):
     exps = {r["experiment"] for r in doc["records"]}
     assert {"fig12", "fig13", "fig14", "fig15", "fig16", "table2"} <= exps
     fig14 = [r for r in doc["records"] if r["experiment"] == "fig14"]
-    assert {r["policy"] for r in fig14} == {"pps", "fcfs", "rr", "sjf"}
+    assert {r["policy"] for r in fig14} == {"pps", "fcfs", "rr", "sjf", "pps+repartition"}
+    fig15 = {r["policy"] for r in doc["records"] if r["experiment"] == "fig15"}
+    assert fig15 == {"heddle", "least_load", "cache_aware", "heddle+repartition"}
     assert all("longest_queue_delay_s" in r for r in fig14)
     assert all(0 < r["mean_active_trajectories"] <= r["trajectories"] for r in fig14)
     assert (tmp_path / "heddle" / "fig12.png").exists()

@@ -147,3 +147,37 @@ def test_without_ray_the_error_says_what_to_install(monkeypatch: pytest.MonkeyPa
 def test_cli_ray_flags_need_ray() -> None:
     result = CliRunner().invoke(app, ["serve", "rollout", "--engines", "2"])
     assert result.exit_code == 2 and "--ray" in result.output
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@requires_ray
+def test_serve_on_a_shared_cluster_leaves_nothing_behind_on_sigterm(cluster: Any) -> None:
+    # `loom serve rollout --ray` joins the running cluster (as on a shared one, whose life is
+    # not the command's): SIGTERM must stop its detached actors and remove its placement group.
+    import os
+    import signal
+    import subprocess
+
+    address = cluster.get_runtime_context().gcs_address
+    cmd = [sys.executable, "-m", "loom.cli", "serve", "rollout", "--ray", "--ray-address"]
+    cmd += [address, "--engines", "2", "--engine-kind", "standin", "--engine-gpus", "0"]
+    cmd += ["--host", "127.0.0.1", "--port", "0"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if "every engine joined" in line:
+                break
+        assert any("every engine joined" in line for line in lines), "".join(lines)
+        names = {a["name"] for a in cluster.util.list_named_actors(all_namespaces=True)}
+        assert names == {"loom-rollout-router", *(f"loom-rollout-router/engine-{i}" for i in (0, 1))}
+        os.kill(proc.pid, signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "stopped the router and 2 engines" in rest, "".join(lines) + rest
+    assert wait_empty(cluster) == ([], [])

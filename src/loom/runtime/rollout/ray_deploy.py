@@ -389,7 +389,10 @@ def serve_ray(
 ) -> None:
     """`loom serve rollout --ray`: deploy, announce the router and each engine as it joins,
     and tear the deployment down on SIGINT or SIGTERM."""
-    require_ray()
+    ray = require_ray()
+    # Ray's core worker installs its own SIGTERM handler at init, which dies without tearing
+    # anything down (detached actors would outlive us on a shared cluster): ours goes after.
+    _init(ray, config.address, config.namespace)
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         _serve(settings, config, announce)
@@ -422,6 +425,7 @@ def _serve(
         pass
     finally:
         rollout.shutdown()
+        announce(f"stopped the router and {len(rollout.engines)} engines; placement group removed")
 
 
 # ---- helpers -------------------------------------------------------------------------------
