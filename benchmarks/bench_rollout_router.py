@@ -22,6 +22,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -54,16 +55,24 @@ def _wait(url: str, path: str, timeout_s: float = 60.0) -> None:
 
 @contextmanager
 def _process(cmd: list[str], url: str, ready: str) -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        _wait(url, ready)
-        yield proc
-    finally:
-        proc.terminate()
+    # Output to a file, not /dev/null: sglang-router 0.3 never starts serving with its output
+    # on /dev/null (observed here); the file's tail also says why a server did not come up.
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+            try:
+                _wait(url, ready)
+            except RuntimeError as exc:
+                log.seek(0)
+                tail = log.read().decode(errors="replace")[-2000:]
+                raise RuntimeError(f"{exc}; {cmd[2]} said:\n{tail}") from None
+            yield proc
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 @contextmanager
@@ -86,8 +95,9 @@ def loom_router(engine: str) -> Iterator[tuple[str, int]]:
 
 
 @contextmanager
-def sglang_router(engine: str) -> Iterator[tuple[str, int] | None]:
-    """sglang-router over the same engine, when installed (pip install sglang-router)."""
+def sglang_router(*engines: str, policy: str = "round_robin") -> Iterator[tuple[str, int] | None]:
+    """sglang-router over the same engines, when installed (pip install sglang-router), with
+    one of its policies (random, round_robin, cache_aware, power_of_two, manual)."""
     try:
         import sglang_router  # noqa: F401
     except ImportError:
@@ -95,8 +105,9 @@ def sglang_router(engine: str) -> Iterator[tuple[str, int] | None]:
         return
     port = _free_port()
     cmd = [
-        sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", engine,
-        "--port", str(port), "--host", "127.0.0.1", "--policy", "round_robin",
+        sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *engines,
+        "--port", str(port), "--host", "127.0.0.1", "--policy", policy,
+        "--prometheus-port", str(_free_port()),  # its default (29000) may be taken
     ]  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     with _process(cmd, url, "/health") as proc:

@@ -1,6 +1,8 @@
 """One agentic batch through the rollout router over real engines, under each rollout system:
 heddle (heddle + pps), verl (cache_aware + rr), slime (least_load + rr) and verl* (hybrid +
-rr). Reports makespan and throughput, and their ratios against Heddle.
+rr); and, as a peer, through sglang-router with its own policies (`sglang:cache_aware`,
+`sglang:power_of_two`, `sglang:round_robin`, `sglang:manual`) over the same engines. Reports
+makespan and throughput, and their ratios against Heddle.
 
 The batch is the workload generator's (`loom.sim.workloads.agentic`): its trajectories'
 turns, output lengths and tool latencies, scaled down (`--token-scale`, `--tool-scale`,
@@ -56,6 +58,17 @@ SYSTEMS = {
     "pps-only": ("least_load", "pps"),
 }
 
+# Peers: the same batch through sglang-router (pip install sglang-router) with its own
+# policies, over the same engines. Its OpenAI route takes text prompts only, so the agents
+# send the context as text of the tiny model's word-level vocabulary (one word, one token)
+# and X-SMG-Routing-Key, which its `manual` policy keeps sticky per trajectory (slime's use).
+PEERS = {
+    "sglang:cache_aware": "cache_aware",
+    "sglang:power_of_two": "power_of_two",
+    "sglang:round_robin": "round_robin",
+    "sglang:manual": "manual",
+}
+
 
 @dataclass(frozen=True)
 class Turn:
@@ -94,30 +107,92 @@ def scaled_batch(
 
 
 async def agent(
-    http: httpx.AsyncClient, key: str, turns: list[Turn], vocab: int, rng: random.Random
+    http: httpx.AsyncClient,
+    key: str,
+    turns: list[Turn],
+    vocab: int,
+    rng: random.Random,
+    words: list[str] | None = None,
 ) -> int:
+    """One trajectory's turns; with `words` (a peer router) the context goes as text: the
+    drawn tokens as their words, the generated tokens as the text the engine returned (ids
+    past the tokenizer's vocabulary, which the random model can emit, detokenize to nothing,
+    so such a context can be a few tokens shorter than the token-id one)."""
     context: list[int] = []
+    text = ""
     generated = 0
     for turn in turns:
-        context += [rng.randrange(3, vocab) for _ in range(turn.input_tokens)]
-        body = {
-            "prompt": context,
+        drawn = [rng.randrange(3, vocab) for _ in range(turn.input_tokens)]
+        context += drawn
+        body: dict[str, Any] = {
             "max_tokens": turn.output_tokens,
             "ignore_eos": True,
             "temperature": 0,
             "return_token_ids": True,
         }
-        resp = await http.post("/v1/completions", json=body, headers={"X-Trajectory-Id": key})
+        if words is None:
+            body["prompt"] = context
+            headers = {"X-Trajectory-Id": key}
+        else:
+            text += "".join(" " + words[i] for i in drawn)
+            body["prompt"] = text.lstrip()
+            body["model"] = MODEL
+            headers = {"X-SMG-Routing-Key": key}
+        resp = await http.post("/v1/completions", json=body, headers=headers)
         resp.raise_for_status()
-        ids = resp.json()["choices"][0]["token_ids"]
+        choice = resp.json()["choices"][0]
+        ids = choice["token_ids"]
         if len(ids) != turn.output_tokens:
             raise RuntimeError(f"{key}: asked {turn.output_tokens} tokens, got {len(ids)}")
         context += ids
+        text += choice["text"]
         generated += len(ids)
         if turn.tool_s is not None:
             await asyncio.sleep(turn.tool_s)
-    (await http.post(f"/v1/trajectories/{key}/end")).raise_for_status()
+    if words is None:
+        (await http.post(f"/v1/trajectories/{key}/end")).raise_for_status()
     return generated
+
+
+MODEL = "loom-tiny"
+VOCAB = 500  # agents draw prompt and tool tokens from ids 3..VOCAB-1
+
+
+def _rng(seed: int, spec: TrajectorySpec) -> random.Random:
+    """The agent's draws of prompt and tool tokens: the same through every router."""
+    return random.Random(seed * 7919 + spec.traj_id)
+
+
+async def vocabulary(engine: str) -> list[str]:
+    """Word of each token id of the engine's word-level tokenizer, checked to round-trip."""
+    async with httpx.AsyncClient(base_url=engine, timeout=60) as http:
+        ids = list(range(VOCAB))
+        resp = await http.post("/detokenize", json={"model": MODEL, "tokens": ids})
+        words = resp.json()["prompt"].split(" ")
+        back = await http.post("/tokenize", json={"model": MODEL, "prompt": " ".join(words[3:])})
+        if len(words) != VOCAB or back.json()["tokens"] != ids[3:]:
+            raise RuntimeError("the engine's tokenizer is not one word per token")
+    return words
+
+
+async def run_peer_batch(
+    url: str, batch: list[tuple[TrajectorySpec, list[Turn]]], seed: int, words: list[str]
+) -> dict:
+    """The batch through a peer router: no declaration, no end, no Loom stats."""
+    async with httpx.AsyncClient(base_url=url, timeout=3600) as http:
+        t0 = time.perf_counter()
+        tokens = await asyncio.gather(
+            *(agent(http, f"t{s.traj_id}", t, VOCAB, _rng(seed, s), words) for s, t in batch)
+        )
+        makespan = time.perf_counter() - t0
+    return {
+        "makespan_s": makespan,
+        "tokens": sum(tokens),
+        "throughput_tok_s": sum(tokens) / makespan,
+        "preemptions": 0,
+        "migrations": 0,
+        "timing": None,
+    }
 
 
 async def run_batch(url: str, batch: list[tuple[TrajectorySpec, list[Turn]]], seed: int) -> dict:
@@ -133,10 +208,7 @@ async def run_batch(url: str, batch: list[tuple[TrajectorySpec, list[Turn]]], se
         (await http.post("/v1/rollouts", json={"trajectories": declared})).raise_for_status()
         t0 = time.perf_counter()
         tokens = await asyncio.gather(
-            *(
-                agent(http, f"t{s.traj_id}", turns, 500, random.Random(seed * 7919 + s.traj_id))
-                for s, turns in batch
-            )
+            *(agent(http, f"t{s.traj_id}", turns, VOCAB, _rng(seed, s)) for s, turns in batch)
         )
         makespan = time.perf_counter() - t0
         stats = (await http.get("/v1/stats")).json()
@@ -175,7 +247,9 @@ def write_history(args: argparse.Namespace, state_dir: Path) -> int:
     return history_file(state_dir / HISTORY_FILE, records)
 
 
-def per_turn(timing: dict[str, float]) -> str:
+def per_turn(timing: dict[str, float] | None) -> str:
+    if timing is None:
+        return "-"
     n = max(1, timing["turns"])
     return (
         f"queue {timing['queue_s'] / n:.3f} s, first token {timing['first_token_s'] / n:.3f} s, "
@@ -192,6 +266,14 @@ def run_system(
     n_hist: int,
 ) -> dict[str, Any]:
     """One run of the batch through a fresh router configured as system `name`."""
+    if name in PEERS:
+        from bench_rollout_router import sglang_router
+
+        words = asyncio.run(vocabulary(urls[0]))
+        with sglang_router(*urls, policy=PEERS[name]) as peer:
+            if peer is None:
+                raise SystemExit(f"{name} needs sglang-router: pip install sglang-router")
+            return {"system": name, **asyncio.run(run_peer_batch(peer[0], batch, args.seed, words))}
     placement, scheduler = SYSTEMS[name]
     state = Path(tempfile.mkdtemp(dir=tmp))
     if n_hist:
@@ -404,6 +486,8 @@ def main() -> None:
             save_profile(served, calib, tp=1, kv_capacity_tokens=kv, note=note)
             print("served profile (decode_batch, context, prefill, prefill_ctx, s):", calib)
             for row in rows:
+                if row["system"] in PEERS:
+                    continue
                 row["sim_makespan_s"] = simulate(args, row["system"], batch, len(urls), served)
                 row["sim_over_real"] = row["sim_makespan_s"] / row["makespan_s"]
                 print(
