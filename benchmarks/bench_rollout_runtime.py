@@ -139,7 +139,8 @@ async def agent(
             body["model"] = MODEL
             headers = {"X-SMG-Routing-Key": key}
         resp = await http.post("/v1/completions", json=body, headers=headers)
-        resp.raise_for_status()
+        if resp.status_code != 200:
+            raise RuntimeError(f"{key}: {resp.status_code} {resp.text[:500]}")
         choice = resp.json()["choices"][0]
         ids = choice["token_ids"]
         if len(ids) != turn.output_tokens:
@@ -282,7 +283,7 @@ def run_system(
         port=0,
         placement=placement,
         scheduler=scheduler,
-        profiles=(TINY_PROFILE,) if args.vllm else (),
+        profiles=(TINY_PROFILE,) if args.vllm or args.simulate else (),
         state_dir=state if n_hist else None,
         engines=tuple(EngineConfig(url=u, max_running=args.max_running) for u in urls),
     )
@@ -408,12 +409,11 @@ def engines(args: argparse.Namespace) -> Iterator[list[str]]:
         return
     with contextlib.ExitStack() as stack:
         if args.vllm:
-            from loom.runtime.engine.launcher import EngineProcess
+            from loom.runtime.engine import EnginePool
 
-            urls = [
-                stack.enter_context(EngineProcess.start(max_running=args.max_running)).url
-                for _ in range(args.vllm)
-            ]
+            # each engine's compute threads on a core of its own, as on separate GPUs
+            pool = stack.enter_context(EnginePool(limit=args.vllm, max_running=args.max_running))
+            urls = [engine.url for engine in pool.get(args.vllm)]
         else:
             urls = [
                 stack.enter_context(StandinProcess("--step-ms", "5")).url
@@ -426,6 +426,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--engine", nargs="*", default=None, help="running engines' URLs")
     ap.add_argument("--vllm", type=int, default=0, help="start this many vLLM CPU engines")
+    ap.add_argument(
+        "--simulate",
+        action="store_true",
+        help="with --engine: they are `loom serve engine`s; profile and simulate them too "
+        "(always with --vllm)",
+    )
     ap.add_argument("--standin", type=int, default=2, help="else this many stand-in engines")
     ap.add_argument("--kind", default="coding", choices=[k.value for k in WorkloadKind])
     ap.add_argument("--prompts", type=int, default=4)
@@ -476,7 +482,7 @@ def main() -> None:
                     "migrations": statistics.median(r["migrations"] for r in got),
                 }
             )
-        if args.vllm:  # the simulator against the same engines, profiled as served
+        if args.vllm or args.simulate:  # the simulator against the same engines, as served
             from loom.perf.latency import ProfiledLatencyModel, save_profile
 
             calib = asyncio.run(calibrate(urls, args.max_running))

@@ -390,6 +390,14 @@ def serve_engine(
         float,
         typer.Option("--gpu-memory-utilization", help="share of host memory vLLM reserves"),
     ] = 0.1,
+    cpus: Annotated[
+        str,
+        typer.Option(
+            "--cpus",
+            help="cores of its compute threads, e.g. 1 or 0-1 (VLLM_CPU_OMP_THREADS_BIND); "
+            "give engines on one machine different cores: 'auto' puts each on the first",
+        ),
+    ] = "auto",
 ) -> None:
     """Serve a tiny random-weight model with vLLM on the CPU (built once; nothing downloaded)."""
     import signal
@@ -410,6 +418,7 @@ def serve_engine(
             state_dir=state_dir,
             priority=priority,
             gpu_memory_utilization=memory,
+            cpus=cpus,
         )
     except ConfigError as exc:
         raise typer.BadParameter(str(exc)) from None

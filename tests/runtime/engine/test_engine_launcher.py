@@ -30,6 +30,8 @@ from loom.runtime.engine import (
         {"gpu_memory_utilization": 1.5},
         {"max_model_len": 0},
         {"startup_timeout_s": 0},
+        {"cpus": "first"},
+        {"cpus": "0-"},
     ],
 )
 def test_config_refuses_bad_values(field: dict[str, float]) -> None:
@@ -55,6 +57,7 @@ def test_command_line_carries_the_flags(tmp_path: Path) -> None:
         assert part in joined
     assert "--scheduling-policy" not in EngineConfig().command(Path("/m"), 1)
     assert cfg.environment()["VLLM_SERVER_DEV_MODE"] == "1"
+    assert EngineConfig(cpus="1").environment()["VLLM_CPU_OMP_THREADS_BIND"] == "1"
     assert cfg.cache_dir == tmp_path / "engine-model"
 
 
@@ -98,6 +101,8 @@ def test_cli_serve_engine_checks_its_flags(monkeypatch: pytest.MonkeyPatch) -> N
     runner = CliRunner()
     bad = runner.invoke(app, ["serve", "engine", "--max-running", "0"])
     assert bad.exit_code == 2 and "max_running" in bad.output
+    bad = runner.invoke(app, ["serve", "engine", "--cpus", "one"])
+    assert bad.exit_code == 2 and "cpus" in bad.output
     assert "--priority" in runner.invoke(app, ["serve", "engine", "--help"]).output
     monkeypatch.setattr(launcher, "engine_available", lambda: False)
     missing = runner.invoke(app, ["serve", "engine"])

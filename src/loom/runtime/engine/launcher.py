@@ -7,6 +7,7 @@ import atexit
 import contextlib
 import importlib.util
 import logging
+import re
 import os
 import signal
 import socket
@@ -37,6 +38,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+_CORES = r"\d+(-\d+)?(,\d+(-\d+)?)*"
+_CPU_LIST = re.compile(rf"{_CORES}(\|{_CORES})*")  # VLLM_CPU_OMP_THREADS_BIND's core lists
 
 INSTALL_HINT = "pip install 'loom-rl[engine]'"
 _POLL_S = 0.5
@@ -125,6 +129,11 @@ class EngineConfig:
             raise ConfigError(f"max_model_len must be >= 1, got {self.max_model_len}")
         if self.startup_timeout_s <= 0:
             raise ConfigError(f"startup_timeout_s must be > 0, got {self.startup_timeout_s}")
+        if self.cpus not in ("auto", "nobind") and not _CPU_LIST.fullmatch(self.cpus):
+            raise ConfigError(
+                f"cpus must be 'auto', 'nobind' or cores such as '1', '0-1' or '0,2' "
+                f"('|' between tensor-parallel ranks), got {self.cpus!r}"
+            )
 
     @property
     def cache_dir(self) -> Path:
