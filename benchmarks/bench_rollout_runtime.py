@@ -24,12 +24,13 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import random
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -248,6 +249,34 @@ def write_history(args: argparse.Namespace, state_dir: Path) -> int:
     return history_file(state_dir / HISTORY_FILE, records)
 
 
+def cpu_seconds() -> dict[str, float]:
+    """CPU seconds used so far by each class of process on this machine (psutil, which vLLM
+    installs): where two cores go during a run. A router in a process of its own exits with
+    its run: `run_system` counts it (`router_cpu_s`) while it lives."""
+    import psutil
+
+    me = os.getpid()
+    used: dict[str, float] = {}
+    for proc in psutil.process_iter(["name", "cmdline", "pid"]):
+        try:
+            times = proc.cpu_times()
+            name, cmd = proc.info["name"] or "", " ".join(proc.info["cmdline"] or ())
+        except psutil.Error:
+            continue
+        if proc.info["pid"] == me:
+            kind = "agents (and Loom's router with --in-process)"
+        elif name.startswith("VLLM::Worker"):
+            kind = "vLLM model workers"
+        elif name.startswith("VLLM::EngineCor"):
+            kind = "vLLM engine cores (scheduler)"
+        elif "vllm.entrypoints" in cmd:
+            kind = "vLLM API servers"
+        else:
+            kind = "other"
+        used[kind] = used.get(kind, 0.0) + times.user + times.system
+    return used
+
+
 def per_turn(timing: dict[str, float] | None) -> str:
     if timing is None:
         return "-"
@@ -274,26 +303,63 @@ def run_system(
         with sglang_router(*urls, policy=PEERS[name]) as peer:
             if peer is None:
                 raise SystemExit(f"{name} needs sglang-router: pip install sglang-router")
-            return {"system": name, **asyncio.run(run_peer_batch(peer[0], batch, args.seed, words))}
+            with _cpu_of(peer[1]) as used:
+                row = asyncio.run(run_peer_batch(peer[0], batch, args.seed, words))
+            return {"system": name, **row, "router_cpu_s": used()}
     placement, scheduler = SYSTEMS[name]
     state = Path(tempfile.mkdtemp(dir=tmp))
     if n_hist:
         (state / HISTORY_FILE).write_bytes((tmp / HISTORY_FILE).read_bytes())
-    cfg = RolloutServerConfig(
-        port=0,
-        placement=placement,
-        scheduler=scheduler,
-        profiles=(TINY_PROFILE,) if args.vllm or args.simulate else (),
-        state_dir=state if n_hist else None,
-        engines=tuple(EngineConfig(url=u, max_running=args.max_running) for u in urls),
-    )
-    with BackgroundRouter(cfg) as router:
-        deadline = time.monotonic() + 120
-        while n_hist and time.monotonic() < deadline:
-            if router.call(lambda d: d.predictor.model is not None):
-                break
-            time.sleep(0.1)
-        return {"system": name, **asyncio.run(run_batch(router.url, batch, args.seed))}
+    profiles = (TINY_PROFILE,) if args.vllm or args.simulate else ()
+    if args.in_process:
+        cfg = RolloutServerConfig(
+            port=0,
+            placement=placement,
+            scheduler=scheduler,
+            profiles=profiles,
+            state_dir=state if n_hist else None,
+            engines=tuple(EngineConfig(url=u, max_running=args.max_running) for u in urls),
+        )
+        with BackgroundRouter(cfg) as router:
+            _wait_fitted(router.url, n_hist)
+            return {"system": name, **asyncio.run(run_batch(router.url, batch, args.seed))}
+    # As users run it, and as the peer runs: a process of its own.
+    from bench_rollout_router import _free_port, _process
+
+    port = _free_port()
+    cmd = [sys.executable, "-m", "loom.cli", "serve", "rollout", "--port", str(port)]
+    cmd += ["--placement", placement, "--scheduler", scheduler, "--state-dir", str(state)]
+    for url in urls:
+        cmd += ["--engine", f"{url},max_running={args.max_running}"]
+    for profile in profiles:
+        cmd += ["--profile", str(profile)]
+    url = f"http://127.0.0.1:{port}"
+    with _process(cmd, url, "/health") as proc:
+        _wait_fitted(url, n_hist)
+        with _cpu_of(proc.pid) as used:
+            row = asyncio.run(run_batch(url, batch, args.seed))
+        return {"system": name, **row, "router_cpu_s": used()}
+
+
+@contextlib.contextmanager
+def _cpu_of(pid: int) -> Iterator[Callable[[], float]]:
+    """CPU seconds process `pid` used inside the block (read once it has ended)."""
+    import psutil
+
+    proc = psutil.Process(pid)
+    t0 = sum(proc.cpu_times()[:2])
+    spent: list[float] = []
+    yield lambda: spent[0]
+    spent.append(sum(proc.cpu_times()[:2]) - t0)
+
+
+def _wait_fitted(url: str, n_hist: int, timeout_s: float = 120.0) -> None:
+    """Until the router's predictor has fitted the history it was given."""
+    deadline = time.monotonic() + timeout_s
+    while n_hist and time.monotonic() < deadline:
+        if httpx.get(url + "/v1/stats", timeout=10).json()["predictor"]["fitted"]:
+            return
+        time.sleep(0.1)
 
 
 def to_spec(spec: TrajectorySpec, turns: list[Turn]) -> TrajectorySpec:
@@ -447,6 +513,14 @@ def main() -> None:
         "--history", type=int, default=3, help="earlier epochs the predictor learns from first"
     )
     ap.add_argument("--repeats", type=int, default=3, help="runs per system; medians reported")
+    ap.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run Loom's router in this process (a thread) rather than a process of its own",
+    )
+    ap.add_argument(
+        "--cpu", action="store_true", help="report CPU seconds by process class for each run"
+    )
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     batch = scaled_batch(args)
@@ -462,7 +536,18 @@ def main() -> None:
         runs: dict[str, list[dict[str, Any]]] = {}
         for rep in range(args.repeats):  # systems interleaved: drift hits all alike
             for name in args.systems.split(","):
+                before = cpu_seconds() if args.cpu else {}
                 row = run_system(args, name, urls, batch, Path(tmp), n_hist)
+                if args.cpu:
+                    after = cpu_seconds()
+                    row["cpu_s"] = {k: v - before.get(k, 0.0) for k, v in after.items()}
+                    if "router_cpu_s" in row:
+                        row["cpu_s"]["router"] = row["router_cpu_s"]
+                    print(
+                        f"{name:>16} #{rep}: CPU seconds over {row['makespan_s']:.1f} s of "
+                        f"{os.cpu_count()} cores: "
+                        + ", ".join(f"{k} {v:.1f}" for k, v in row["cpu_s"].items() if v > 0.05)
+                    )
                 runs.setdefault(name, []).append(row)
                 print(
                     f"{name:>16} #{rep}: makespan {row['makespan_s']:7.1f} s, "
