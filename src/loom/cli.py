@@ -212,6 +212,22 @@ def serve_rollout(
         str | None,
         typer.Option("--ray-address", help="with --ray: cluster to join ('auto': a running one)"),
     ] = None,
+    engine_model: Annotated[
+        Path | None,
+        typer.Option(
+            "--engine-model",
+            help="with --ray: the model directory every vLLM engine serves, on every node "
+            "(default: Loom's tiny random-weight model)",
+        ),
+    ] = None,
+    engine_args: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--engine-arg",
+            help="with --ray: one more vLLM flag or value, repeatable, e.g. "
+            "--engine-arg=--dtype --engine-arg=bfloat16 (later flags override Loom's)",
+        ),
+    ] = None,
 ) -> None:
     """Route the turns of rollout trajectories to inference engines, scheduled and placed by
     Heddle's policies or a baseline's."""
@@ -219,10 +235,11 @@ def serve_rollout(
     from loom.runtime.rollout import RolloutServerConfig, load_config, serve
     from loom.runtime.rollout.config import parse_engine
 
-    ray_flags = (ray_engines, engine_kind, engine_gpus, ray_address)
+    ray_flags = (ray_engines, engine_kind, engine_gpus, ray_address, engine_model, engine_args)
     if not ray and any(flag is not None for flag in ray_flags):
         raise typer.BadParameter(
-            "--engines, --engine-kind, --engine-gpus and --ray-address go with --ray"
+            "--engines, --engine-kind, --engine-gpus, --engine-model, --engine-arg and "
+            "--ray-address go with --ray"
         )
     try:
         base = load_config(config) if config is not None else RolloutServerConfig()
@@ -242,7 +259,7 @@ def serve_rollout(
     except ConfigError as exc:
         raise typer.BadParameter(str(exc)) from None
     if ray:
-        ray_settings = {
+        ray_settings: dict[str, Any] = {
             "engines": ray_engines,
             "tp": tp,
             "max_running": max_running,
@@ -251,6 +268,14 @@ def serve_rollout(
             "address": ray_address,
             "host": host,
         }
+        if engine_model is not None or engine_args:
+            from loom.runtime.engine import EngineConfig as VllmConfig
+
+            ray_settings["vllm"] = VllmConfig(
+                model=engine_model.expanduser().resolve() if engine_model else None,
+                served_model_name=engine_model.name if engine_model else "loom-tiny",
+                extra_args=tuple(engine_args or ()),
+            )
         _serve_rollout_on_ray(settings, {k: v for k, v in ray_settings.items() if v is not None})
         return
     serve(settings, announce=lambda line: console.log(line))

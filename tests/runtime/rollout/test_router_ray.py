@@ -144,8 +144,11 @@ def test_without_ray_the_error_says_what_to_install(monkeypatch: pytest.MonkeyPa
     assert result.exit_code == 1 and RAY_INSTALL_HINT in result.output
 
 
-def test_cli_ray_flags_need_ray() -> None:
-    result = CliRunner().invoke(app, ["serve", "rollout", "--engines", "2"])
+@pytest.mark.parametrize(
+    "flag", [["--engines", "2"], ["--engine-model", "/m"], ["--engine-arg=--dtype"]]
+)
+def test_cli_ray_flags_need_ray(flag: list[str]) -> None:
+    result = CliRunner().invoke(app, ["serve", "rollout", *flag])
     assert result.exit_code == 2 and "--ray" in result.output
 
 
@@ -173,7 +176,8 @@ def test_serve_on_a_shared_cluster_leaves_nothing_behind_on_sigterm(cluster: Any
                 break
         assert any("every engine joined" in line for line in lines), "".join(lines)
         names = {a["name"] for a in cluster.util.list_named_actors(all_namespaces=True)}
-        assert names == {"loom-rollout-router", *(f"loom-rollout-router/engine-{i}" for i in (0, 1))}
+        engines = {f"loom-rollout-router/engine-{i}" for i in (0, 1)}
+        assert names == {"loom-rollout-router", *engines}
         os.kill(proc.pid, signal.SIGTERM)
         rest, _ = proc.communicate(timeout=60)
     finally:

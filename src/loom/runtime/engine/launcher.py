@@ -7,8 +7,8 @@ import atexit
 import contextlib
 import importlib.util
 import logging
-import re
 import os
+import re
 import signal
 import socket
 import subprocess
