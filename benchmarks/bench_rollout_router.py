@@ -111,7 +111,22 @@ def sglang_router(*engines: str, policy: str = "round_robin") -> Iterator[tuple[
     ]  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     with _process(cmd, url, "/health") as proc:
+        _wait_workers(url, len(engines))
         yield url, proc.pid
+
+
+def _wait_workers(url: str, n: int, timeout_s: float = 60.0) -> None:
+    """sglang-router answers /health before it has registered its workers (a background
+    workflow); requests before then get 503 no_available_workers."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        workers = httpx.get(url + "/workers", timeout=5).json().get("workers", [])
+        if len(workers) == n and all(w.get("is_healthy") for w in workers):
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"sglang-router at {url} had not registered {n} workers in {timeout_s} s")
 
 
 def _cpu_s(pid: int) -> float:
