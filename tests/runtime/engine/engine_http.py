@@ -113,8 +113,15 @@ class Background(threading.Thread):
 
 def metric(http: httpx.Client, url: str, name: str) -> float:
     """A `vllm:` sample of /metrics, summed over its labels (0 if absent)."""
+    for attempt in range(3):
+        try:  # the server may close a kept-alive connection as we reuse it: a GET is safe again
+            text = http.get(f"{url}/metrics").text
+            break
+        except httpx.RemoteProtocolError:
+            if attempt == 2:
+                raise
     total = 0.0
-    for line in http.get(f"{url}/metrics").text.splitlines():
+    for line in text.splitlines():
         if line.startswith((f"vllm:{name}{{", f"vllm:{name} ")):
             total += float(line.rsplit(" ", 1)[1])
     return total
