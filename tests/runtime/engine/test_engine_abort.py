@@ -162,9 +162,7 @@ def test_resume_asks_only_for_the_missing_tokens(engine: EngineProcess) -> None:
             request_id="resume-2",
         )
         checked = len(partial) + 64  # greedy: a prefix of the uninterrupted turn is enough
-        straight = completion(
-            http, engine.url, prompt=PROMPT, max_tokens=checked, ignore_eos=True
-        )
+        straight = completion(http, engine.url, prompt=PROMPT, max_tokens=checked, ignore_eos=True)
     choice = rest["choices"][0]
     assert choice["finish_reason"] == "length"
     assert len(choice["token_ids"]) == wanted - len(partial)
