@@ -11,6 +11,15 @@ from action_server_client import Client
 
 from loom.runtime.actions import ActionServerConfig, BackgroundServer
 from loom.runtime.engine import INSTALL_HINT, EnginePool, engine_available
+from loom.runtime.engine.model import TinyModelSpec
+
+# An abort or a kill races the engine: it must land before the request finishes. With the tiny
+# model a token costs vLLM's engine core about as much CPU as its API server spends streaming
+# it, so on a loaded machine the API server falls seconds behind and the engine can finish
+# thousands of tokens before a client (or the router) has seen the first (measured: the first
+# chunk at 8 s, after all 4,000 tokens). A model ten times heavier per token (11 ms on one
+# core) keeps the API server well ahead of the engine.
+HEAVY_MODEL = TinyModelSpec(hidden_size=1024, intermediate_size=4096, num_heads=16, num_kv_heads=16)
 
 
 @pytest.fixture
@@ -58,4 +67,14 @@ def engine_pool() -> Iterator[EnginePool]:
     if not engine_available():
         pytest.skip(f"vLLM is not installed: {INSTALL_HINT}")
     with EnginePool(limit=3) as pool:
+        yield pool
+
+
+@pytest.fixture(scope="module")
+def heavy_engine_pool() -> Iterator[EnginePool]:
+    """Up to two engines of `HEAVY_MODEL` for one test module, for tests that must act on a
+    request while it decodes; stopped when the module ends."""
+    if not engine_available():
+        pytest.skip(f"vLLM is not installed: {INSTALL_HINT}")
+    with EnginePool(limit=2, model_spec=HEAVY_MODEL) as pool:
         yield pool

@@ -20,27 +20,18 @@ from engine_http import (
 )
 
 from loom.runtime.engine import INSTALL_HINT, EnginePool, EngineProcess, engine_available
-from loom.runtime.engine.model import TinyModelSpec
 
 pytestmark = [
     pytest.mark.engine,
     pytest.mark.skipif(not engine_available(), reason=f"vLLM is not installed: {INSTALL_HINT}"),
 ]
 
-LONG = 4000  # tokens: most of a minute of decoding, far longer than an abort takes
-
-# An abort races the engine: it must reach the engine core before the request finishes. With
-# the tiny model a token costs the engine core about as much CPU as vLLM's API server spends
-# streaming it, so on a loaded machine the API server falls seconds behind and the engine
-# finishes 4,000 tokens before the client has seen 16 (measured: first chunk at 8 s). A model
-# ten times heavier per token (11 ms) leaves the API server far ahead of the engine.
-HEAVY = TinyModelSpec(hidden_size=1024, intermediate_size=4096, num_heads=16, num_kv_heads=16)
+LONG = 4000  # tokens: most of a minute on the heavy model, far longer than an abort takes
 
 
 @pytest.fixture(scope="module")
-def engine() -> Iterator[EngineProcess]:
-    with EnginePool(limit=1, model_spec=HEAVY) as pool:
-        yield pool.get(1)[0]
+def engine(heavy_engine_pool: EnginePool) -> EngineProcess:
+    return heavy_engine_pool.get(1)[0]
 
 
 @pytest.fixture
