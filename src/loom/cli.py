@@ -124,12 +124,26 @@ def serve_actions(
         str | None,
         typer.Option("--policy", help="action policy (tangram, tangram_lookahead, dop4, dop16)"),
     ] = None,
+    sandbox: Annotated[
+        str | None,
+        typer.Option(
+            "--sandbox", help="isolate CPU actions: bwrap (bubblewrap, the default) or none"
+        ),
+    ] = None,
+    no_network: Annotated[
+        bool, typer.Option("--no-network", help="refuse actions that ask for the network")
+    ] = False,
+    linger_s: Annotated[
+        float | None,
+        typer.Option("--linger-s", help="seconds an action's leftover processes may run on"),
+    ] = None,
 ) -> None:
     """Serve tool and reward actions over HTTP, scheduled by an action policy."""
     from loom.core.errors import ConfigError
     from loom.runtime.actions import ActionServerConfig, load_config, serve
     from loom.runtime.actions.driver import policy_factory
     from loom.runtime.actions.host import local_cpu_node, parse_cpulist
+    from loom.runtime.actions.sandbox import probe_bubblewrap
 
     try:
         base = load_config(config) if config is not None else ActionServerConfig()
@@ -139,9 +153,14 @@ def serve_actions(
             workdir=workdir,
             cores=parse_cpulist(cores) if cores is not None else None,
             policy=policy,
+            sandbox=sandbox,
+            network=False if no_network else None,
+            linger_s=linger_s,
         )
         node = local_cpu_node(settings.cores, settings.memory_gb)
         policy_factory(settings.policy)
+        if settings.sandbox.value == "bwrap":
+            probe_bubblewrap()  # refuse to start, saying how to fix it, rather than fail later
     except ConfigError as exc:
         raise typer.BadParameter(str(exc)) from None
     cpus = ",".join(map(str, sorted(c for dom in node.numa for c in dom)))
@@ -149,7 +168,8 @@ def serve_actions(
     console.log(
         f"[bold]loom action server[/bold] on [link]http://{settings.host}:{settings.port}[/link]"
         f" — policy {settings.policy.value}, cores {cpus} (NUMA domains: {len(node.numa)}),"
-        f" APIs {len(settings.api)}, services {services}; API docs at /docs"
+        f" APIs {len(settings.api)}, services {services}, sandbox {settings.sandbox.value};"
+        " API docs at /docs"
     )
     serve(settings)
 

@@ -67,3 +67,36 @@ def max_overlap(views: list[dict[str, Any]]) -> int:
         now += delta
         peak = max(peak, now)
     return peak
+
+
+def _live(pid: str) -> bool:
+    """Not exited (a zombie awaiting its reaper counts as exited)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def procs_with(marker: str) -> list[int]:
+    """Live processes of this machine whose command line contains `marker` (host pids: an
+    action in a PID namespace knows itself by another number)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmdline and _live(entry.name):
+            found.append(int(entry.name))
+    return found
+
+
+def wait_no_procs(marker: str, timeout_s: float = 3.0) -> list[int]:
+    """Until no live process carries `marker`; the ones still alive at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while (left := procs_with(marker)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return left

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,10 @@ from action_server_client import Client
 from loom.runtime.actions import ActionServerConfig, BackgroundServer
 from loom.runtime.engine import INSTALL_HINT, EnginePool, engine_available
 from loom.runtime.engine.model import TinyModelSpec
+
+# The action server's default sandbox where this machine has it; tests of the sandbox itself
+# are marked to skip without it.
+SANDBOX = "bwrap" if shutil.which("bwrap") else "none"
 
 # An abort or a kill races the engine: it must land before the request finishes. With the tiny
 # model a token costs vLLM's engine core about as much CPU as its API server spends streaming
@@ -30,6 +35,7 @@ def make_client(tmp_path: Path) -> Iterator[Callable[..., Client]]:
 
     def make(**settings: Any) -> Client:
         settings.setdefault("workdir", tmp_path / "work")
+        settings.setdefault("sandbox", SANDBOX)
         cfg = ActionServerConfig(port=0, **settings)
         client = Client(BackgroundServer(cfg, trust_env=False).start())
         clients.append(client)
@@ -47,7 +53,7 @@ def make_client(tmp_path: Path) -> Iterator[Callable[..., Client]]:
 @pytest.fixture(scope="module")
 def shared_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
     """One default server for a whole module (tests that leave nothing running)."""
-    cfg = ActionServerConfig(port=0, workdir=tmp_path_factory.mktemp("work"))
+    cfg = ActionServerConfig(port=0, workdir=tmp_path_factory.mktemp("work"), sandbox=SANDBOX)
     client = Client(BackgroundServer(cfg, trust_env=False).start())
     yield client
     client.close()

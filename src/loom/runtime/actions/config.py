@@ -17,6 +17,7 @@ __all__ = [
     "ApiLimitConfig",
     "GpuNodeConfig",
     "GpuServiceConfig",
+    "SandboxKind",
     "ServiceModelKind",
     "load_config",
 ]
@@ -68,6 +69,13 @@ class GpuServiceConfig(_Settings):
     dops: tuple[int, ...] = Field(default=(1,), min_length=1, description="degrees (powers of 2)")
 
 
+class SandboxKind(StrEnum):
+    """How CPU actions are isolated: bubblewrap namespaces, or not at all."""
+
+    BWRAP = "bwrap"
+    NONE = "none"
+
+
 class ActionServerConfig(_Settings):
     """Everything `loom serve actions` needs; every field has a default except services'
     device memory, so an empty file (or none) serves this machine's cores."""
@@ -87,6 +95,19 @@ class ActionServerConfig(_Settings):
     default_timeout_s: float = Field(default=600.0, gt=0)
     max_output_bytes: int = Field(default=1 << 20, ge=1024, description="kept per stream (tail)")
     max_records: int = Field(default=100_000, ge=1, description="finished actions remembered")
+    sandbox: SandboxKind = Field(
+        default=SandboxKind.BWRAP, description="isolate CPU actions with bubblewrap, or none"
+    )
+    network: bool = Field(
+        default=True, description="actions may ask for the network; False refuses them"
+    )
+    cgroups: bool = Field(
+        default=True, description="contain actions in cgroups where the machine allows it"
+    )
+    linger_s: float = Field(
+        default=0.0, ge=0, le=3600, description="how long an action's leftovers may run on"
+    )
+    pids_max: int = Field(default=1024, ge=8, description="processes per action (pids.max)")
     api: tuple[ApiLimitConfig, ...] = ()
     gpu_nodes: tuple[GpuNodeConfig, ...] = ()
     services: tuple[GpuServiceConfig, ...] = ()

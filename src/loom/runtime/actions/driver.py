@@ -22,14 +22,16 @@ from loom.core.actions import ActionKind, ActionStatus
 from loom.core.errors import ConfigError, LoomError, UnknownPolicyError
 from loom.core.resources import api_quota
 from loom.runtime.actions.api_call import ApiExecutor
+from loom.runtime.actions.cgroups import Cgroups, probe_cgroups
 from loom.runtime.actions.claims import Claims
-from loom.runtime.actions.config import ActionServerConfig
+from loom.runtime.actions.config import ActionServerConfig, SandboxKind
 from loom.runtime.actions.executor import ExecContext, Executor
 from loom.runtime.actions.formulate import formulate
 from loom.runtime.actions.history import DurationHistory
 from loom.runtime.actions.host import local_cpu_node
 from loom.runtime.actions.process import ProcessExecutor
 from loom.runtime.actions.record import ActionRecord, Clock, Outcome
+from loom.runtime.actions.sandbox import Bubblewrap, probe_bubblewrap
 from loom.runtime.actions.schemas import ActionRequest, CpuRange, ServerStats, TrajectoryEnded
 from loom.runtime.actions.service_host import ServiceHost
 from loom.runtime.actions.service_models import TORCH_HINT, torch_available
@@ -85,8 +87,13 @@ class ActionDriver:
             managers.append(self.gpu)
         self.policy: ActionPolicy = policy_factory(config.policy)(managers)
         self.workspaces = Workspaces(config.workdir)
+        self.sandbox, self._notes = self._sandbox(config)
+        self.cgroups: Cgroups | None = None  # at start()
+        self.processes = ProcessExecutor(
+            config.max_output_bytes, sandbox=self.sandbox, linger_s=config.linger_s
+        )
         self._executors: dict[ActionKind, Executor] = {
-            ActionKind.CPU_TOOL: ProcessExecutor(config.max_output_bytes),
+            ActionKind.CPU_TOOL: self.processes,
             ActionKind.API: ApiExecutor(config.max_output_bytes, trust_env=trust_env),
         }
         if self.services is not None:
@@ -101,6 +108,28 @@ class ActionDriver:
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._closing = False
+
+    def _sandbox(self, config: ActionServerConfig) -> tuple[Bubblewrap | None, list[str]]:
+        """Bubblewrap; a ConfigError when asked for and unusable: the server must not start."""
+        if config.sandbox is SandboxKind.BWRAP:
+            return probe_bubblewrap(hide=(self.workspaces.root,)), []
+        note = "--sandbox none: actions see the whole machine and the network"
+        log.warning("running actions without a sandbox: %s", note)
+        return None, [note]
+
+    def _cgroups(self, config: ActionServerConfig) -> tuple[Cgroups | None, list[str]]:
+        """This instance's cgroups where the machine allows (said once, and in /v1/stats,
+        where not); created at start, removed at close."""
+        if not config.cgroups:
+            return None, ["cgroups are off: detached children may outlive their action"]
+        cgroups, why = probe_cgroups(config.pids_max)
+        if cgroups is not None:
+            return cgroups, []
+        log.warning("running actions without cgroups: %s", why)
+        return None, [
+            f"no cgroups ({why}): memory is limited per process, and detached children "
+            "may outlive their action"
+        ]
 
     @staticmethod
     def _gpu_services(
@@ -117,6 +146,9 @@ class ActionDriver:
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
         assert self._loop_task is None, "the driver is already started"
+        self.cgroups, notes = await asyncio.to_thread(self._cgroups, self.config)
+        self.processes.cgroups = self.cgroups
+        self._notes += notes
         self._loop_task = asyncio.create_task(self._loop(), name="action-scheduler")
 
     async def close(self) -> None:
@@ -133,6 +165,8 @@ class ActionDriver:
             task.cancel()
         await asyncio.gather(*(t for _, t in tasks), return_exceptions=True)
         await asyncio.sleep(0)  # let the done-callbacks record the outcomes
+        if self.cgroups is not None:
+            await asyncio.to_thread(self.cgroups.close)
         if self._loop_task is not None:
             # NOTE: cancelled rather than woken: on a forced exit asyncio may already have
             # cancelled it, and either way it must not raise here.
@@ -188,6 +222,7 @@ class ActionDriver:
         live = sorted(self._live.get(trajectory_id, ()))
         await asyncio.gather(*(self.cancel(a, "the trajectory ended") for a in live))
         self.policy.end_trajectory(trajectory_id, self.clock.now())
+        await asyncio.to_thread(self.processes.end_trajectory, trajectory_id)
         removed = await asyncio.to_thread(self.workspaces.remove, trajectory_id)
         self._wake.set()
         return TrajectoryEnded(
@@ -223,10 +258,15 @@ class ActionDriver:
             ],
             gpu_services_available=self.gpu is not None,
             gpu_services_note=self.gpu_note,
+            sandbox=self.config.sandbox.value,
+            cgroups=None if self.cgroups is None else self.cgroups.version,
+            containment_note="; ".join(self._notes) or None,
         )
 
     # -- checks the managers cannot make ---------------------------------------------------
     def _check(self, request: ActionRequest) -> None:
+        if request.network and not self.config.network:
+            raise ConfigError("this server refuses actions the network (started with --no-network)")
         if request.command is not None:
             least = request.cpu.min if isinstance(request.cpu, CpuRange) else request.cpu
             if least > self.node.num_cores:

@@ -1,7 +1,12 @@
-"""CPU tools as real processes (AOE, §5.2): each action runs in its trajectory's workspace,
-pinned to exactly the cores it was granted, under resource limits (no core dumps; an address
-space of its `memory_gb`), in a session of its own whose every process is killed when it times
-out, is cancelled, or ends."""
+"""CPU tools as real processes (AOE, §5.2): each action runs in its trajectory's workspace, on
+exactly the cores it was granted, with no core dumps. With cgroups (`cgroups.py`) it runs in a
+cgroup of its own (cpuset, pids.max) inside its trajectory's memory group, and every process
+it started dies with it, however it detached; under bubblewrap (`sandbox.py`) it sees nothing
+of the server but the read-only system and its own workspace. Without cgroups the limits fall
+back to a session killed as a group and an address-space limit of `memory_gb` per process.
+
+An action ends when its main process exits: its status comes from that exit code, and what
+it left running is killed after `linger_s`."""
 
 from __future__ import annotations
 
@@ -10,13 +15,17 @@ import contextlib
 import logging
 import os
 import resource
+import shutil
 import signal
 import subprocess
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from pathlib import Path
 
 from loom.core.actions import ActionStatus
+from loom.runtime.actions.cgroups import ActionGroup, CgroupError, Cgroups
 from loom.runtime.actions.executor import ExecContext
 from loom.runtime.actions.record import Outcome
+from loom.runtime.actions.sandbox import Bubblewrap, minimal_env
 
 __all__ = ["OutputTail", "ProcessExecutor", "kill_session"]
 
@@ -24,6 +33,10 @@ log = logging.getLogger(__name__)
 
 _DRAIN_S = 1.0  # how long to wait for the pipes to close once the session is killed
 _CHUNK = 1 << 16
+# The command starts as this shell, which writes itself ("0": the writer) into each of the
+# action's cgroup.procs files and then becomes the command: it is in its groups before it can
+# fork, and the server still spawns it with vfork (no preexec_fn, which forks the server).
+_JOIN = 'while [ "$1" != -- ]; do echo 0 > "$1" || exit 126; shift; done; shift; exec "$@"'
 
 
 class OutputTail:
@@ -78,17 +91,66 @@ def _after_spawn(pid: int, cores: frozenset[int]) -> None:
         resource.prlimit(pid, resource.RLIMIT_CORE, (0, 0))
 
 
-class ProcessExecutor:
-    """Runs commands; keeps the tail (`max_output_bytes`) of stdout and stderr."""
+def _missing(argv: list[str], cwd: Path, env: dict[str, str]) -> str | None:
+    """Why `argv[0]` cannot be run, checked before spawning: once wrapped in a shell and a
+    sandbox, a missing program would be only an exit code."""
+    prog = argv[0]
+    if "/" in prog:
+        path = cwd / prog
+        if not path.exists():
+            return f"cannot run {prog!r}: No such file or directory"
+        if path.is_dir() or not os.access(path, os.X_OK):
+            return f"cannot run {prog!r}: Permission denied"
+        return None
+    if shutil.which(prog, path=env.get("PATH")) is None:
+        return f"cannot run {prog!r}: not found on PATH ({env.get('PATH')})"
+    return None
 
-    def __init__(self, max_output_bytes: int, base_env: Mapping[str, str] | None = None) -> None:
+
+async def _exited(pid: int) -> None:
+    """Until process `pid` exits (a pidfd turns readable), whoever reaps it and whatever still
+    holds its pipes."""
+    loop = asyncio.get_running_loop()
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    done: asyncio.Future[None] = loop.create_future()
+
+    def exited() -> None:
+        if not done.done():
+            done.set_result(None)
+
+    loop.add_reader(fd, exited)
+    try:
+        await done
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
+
+
+class ProcessExecutor:
+    """Runs commands; keeps the tail (`max_output_bytes`) of stdout and stderr. `cgroups` and
+    `sandbox` contain them when given; `linger_s` is how long what a command left running may
+    go on after it exits."""
+
+    def __init__(
+        self,
+        max_output_bytes: int,
+        *,
+        cgroups: Cgroups | None = None,
+        sandbox: Bubblewrap | None = None,
+        linger_s: float = 0.0,
+    ) -> None:
         self.max_output_bytes = max_output_bytes
-        self._base_env = dict(os.environ if base_env is None else base_env)
+        self.cgroups = cgroups
+        self.sandbox = sandbox
+        self.linger_s = linger_s
         self._home: set[int] | None = None  # the spawning thread's own CPU mask
 
     def _env(self, ctx: ExecContext) -> dict[str, str]:
         req, start = ctx.request, ctx.start
-        env = {**self._base_env, **req.env}
+        env = minimal_env(req.env, ctx.workspace)
         env["LOOM_ACTION_ID"] = start.action.action_id
         env["LOOM_TRAJECTORY_ID"] = start.action.trajectory_id
         env["LOOM_CORES"] = ",".join(map(str, start.cores))
@@ -96,13 +158,53 @@ class ProcessExecutor:
             env[req.parallel_env] = str(len(start.cores))
         return env
 
+    def _argv(self, ctx: ExecContext, env: dict[str, str], group: ActionGroup | None) -> list[str]:
+        argv = list(ctx.request.command or ())
+        if self.sandbox is not None:
+            argv = self.sandbox.argv(
+                argv, workspace=ctx.workspace, env=env, network=ctx.request.network
+            )
+        if group is not None:
+            argv = ["/bin/sh", "-c", _JOIN, "sh", *map(str, group.procs_files), "--", *argv]
+        return argv
+
+    def _group(self, ctx: ExecContext) -> ActionGroup | None:
+        if self.cgroups is None:
+            return None
+        mem = ctx.request.memory_gb
+        return self.cgroups.action(
+            ctx.start.action.trajectory_id,
+            ctx.start.action.action_id,
+            ctx.start.cores,
+            None if mem is None else int(mem * 2**30),
+        )
+
+    def end_trajectory(self, trajectory_id: str) -> None:
+        if self.cgroups is not None:
+            self.cgroups.end_trajectory(trajectory_id)
+
     async def run(self, ctx: ExecContext) -> Outcome:
         argv = ctx.request.command
         cores = ctx.start.cores
         assert argv, "a CPU action has a command"
         assert cores and len(cores) == ctx.start.units, f"granted {cores} for {ctx.start.units}"
+        try:
+            group = self._group(ctx)
+        except (CgroupError, OSError) as exc:
+            return Outcome(status=ActionStatus.FAILED, error=f"cannot contain the action: {exc}")
+        try:
+            return await self._run(ctx, group)
+        finally:
+            if group is not None:
+                await asyncio.to_thread(group.remove)
+
+    async def _run(self, ctx: ExecContext, group: ActionGroup | None) -> Outcome:
         mem = ctx.request.memory_gb
-        pinned = frozenset(cores)
+        pinned = frozenset(ctx.start.cores)
+        env = self._env(ctx)
+        if (missing := _missing(ctx.request.command or [""], ctx.workspace, env)) is not None:
+            return Outcome(status=ActionStatus.FAILED, error=missing)
+        argv = self._argv(ctx, env, group)
         if self._home is None:
             self._home = os.sched_getaffinity(0)
         # NOTE: the child inherits the spawning thread's CPU mask. Setting this (event loop)
@@ -115,12 +217,13 @@ class ProcessExecutor:
             proc = await asyncio.create_subprocess_exec(
                 *argv,
                 cwd=ctx.workspace,
-                env=self._env(ctx),
+                env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,
-                preexec_fn=_address_space(mem) if mem is not None else None,
+                # without cgroups, the address-space limit per process is all there is
+                preexec_fn=_address_space(mem) if mem is not None and group is None else None,
             )
         except (OSError, subprocess.SubprocessError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
@@ -136,12 +239,16 @@ class ProcessExecutor:
         timed_out = False
         try:
             try:
-                await asyncio.wait_for(proc.wait(), ctx.timeout_s)
+                await asyncio.wait_for(_exited(proc.pid), ctx.timeout_s)
             except TimeoutError:
                 timed_out = True
+            if not timed_out and self.linger_s > 0 and group is not None:
+                await self._linger(group)
         finally:
             # NOTE: also after a normal exit: a process the command left behind would keep
             # running on cores that now belong to another action.
+            if group is not None:
+                await asyncio.to_thread(group.kill)
             kill_session(proc.pid)
             await proc.wait()
             _, pending = await asyncio.wait(readers, timeout=_DRAIN_S)
@@ -161,6 +268,12 @@ class ProcessExecutor:
             truncated=out.truncated or err.truncated,
             error=f"timed out after {ctx.timeout_s:g} s" if timed_out else None,
         )
+
+    async def _linger(self, group: ActionGroup) -> None:
+        """Let what the command left running finish, for up to `linger_s`."""
+        deadline = asyncio.get_running_loop().time() + self.linger_s
+        while group.pids() and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.02)
 
     async def close(self) -> None:
         return None

@@ -103,7 +103,9 @@ class ActionRequest(_Request):
         default=1, description="cores: a count, or {min, max} for an elastic action"
     )
     memory_gb: float | None = Field(
-        default=None, gt=0, description="trajectory memory; caps the process's address space"
+        default=None,
+        gt=0,
+        description="the trajectory's memory over all its processes (its cgroup's limit)",
     )
     timeout_s: float | None = Field(default=None, gt=0, description="execution time limit")
     t_ori_s: float | None = Field(
@@ -119,6 +121,9 @@ class ActionRequest(_Request):
         description="environment variable set to the granted core count",
     )
     env: dict[str, str] = Field(default_factory=dict, description="extra environment")
+    network: bool = Field(
+        default=False, description="the sandboxed command may use the network (off by default)"
+    )
     service: ServiceCall | None = None
     api: ApiCall | None = None
 
@@ -201,3 +206,8 @@ class ServerStats(BaseModel):
     )
     gpu_services_available: bool
     gpu_services_note: str | None = None
+    sandbox: str = Field(description="how CPU actions are isolated: bwrap or none")
+    cgroups: int | None = Field(description="the cgroup version containing actions; None: none")
+    containment_note: str | None = Field(
+        default=None, description="what is not contained here, and why"
+    )

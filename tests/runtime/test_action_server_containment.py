@@ -1,0 +1,232 @@
+"""Containing model-written code: every process an action starts (detached with `setsid` or not)
+dies with it, whatever ends it — its own exit, a timeout, a cancel, its trajectory's end, the
+server's SIGTERM, or a server killed with SIGKILL and started again; under bubblewrap an action
+sees neither other workspaces nor the server, and writes nowhere but its own workspace."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from action_server_client import Client, procs_with, wait_no_procs
+
+from loom.runtime.actions.cgroups import cgroups_missing
+
+PY = sys.executable
+CORES = sorted(os.sched_getaffinity(0))
+NO_CGROUPS = cgroups_missing()
+needs_cgroups = pytest.mark.skipif(NO_CGROUPS is not None, reason=f"no cgroups: {NO_CGROUPS}")
+needs_bwrap = pytest.mark.skipif(
+    shutil.which("bwrap") is None, reason="bubblewrap is not installed (apt-get install bubblewrap)"
+)
+pytestmark = needs_cgroups
+
+
+def _detach(marker: str) -> list[str]:
+    """A command that leaves a `setsid` grandchild behind (its own session, no pipes) and
+    exits; `marker` names the grandchild's command line."""
+    return ["bash", "-c", f"setsid sleep {marker} </dev/null >/dev/null 2>&1 & echo ok"]
+
+
+def _hold(marker: str) -> list[str]:
+    """A command that leaves a detached grandchild behind and keeps running."""
+    return ["bash", "-c", f"setsid sleep {marker} </dev/null >/dev/null 2>&1 & sleep 30"]
+
+
+def _wait_running(marker: str, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not procs_with(marker):
+        assert time.monotonic() < deadline, f"no process {marker} started"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("end", ["exit", "timeout", "cancel", "trajectory"])
+def test_a_detached_child_dies_with_its_action(client: Client, end: str) -> None:
+    marker = {"exit": "301.1", "timeout": "301.2", "cancel": "301.3", "trajectory": "301.4"}[end]
+    if end == "exit":
+        v = client.run(trajectory_id="d", command=_detach(marker))
+        assert (v["status"], v["stdout"]) == ("succeeded", "ok\n")
+    elif end == "timeout":
+        v = client.run(trajectory_id="d", command=_hold(marker), timeout_s=1.0)
+        assert v["status"] == "timed_out"
+    else:
+        aid = client.submit(trajectory_id="d", command=_hold(marker))
+        _wait_running(marker)
+        if end == "cancel":
+            assert client.http.delete(f"/v1/actions/{aid}").json()["status"] == "cancelled"
+        else:
+            assert client.http.post("/v1/trajectories/d/end").json()["cancelled"] == [aid]
+    assert not wait_no_procs(marker), f"the detached child outlived the action ({end})"
+    assert client.http.get("/v1/stats").json()["busy_cores"] == []
+
+
+def test_the_trajectory_memory_limit_spans_its_processes(client: Client) -> None:
+    # four children of 400 MB each under 0.5 GB: not all of them can hold their memory
+    script = textwrap.dedent(
+        """
+        import os, time
+        kids = []
+        for _ in range(4):
+            pid = os.fork()
+            if pid == 0:
+                b = bytearray(400 * 2**20)
+                time.sleep(1)
+                os._exit(0)
+            kids.append(pid)
+        print(sum(os.waitpid(k, 0)[1] == 0 for k in kids))
+        """
+    )
+    v = client.run(trajectory_id="m", command=[PY, "-c", script], memory_gb=0.5, timeout_s=30)
+    assert v["status"] == "succeeded", v
+    assert int(v["stdout"]) <= 1, f"{v['stdout']} children held 400 MB under 0.5 GB"
+
+
+def test_an_action_cannot_leave_its_cores(client: Client) -> None:
+    every = ",".join(map(str, CORES))
+    script = f"taskset -pc {every} $$ >/dev/null 2>&1; grep Cpus_allowed_list /proc/self/status"
+    v = client.run(command=["bash", "-c", script], cpu=1)
+    allowed = v["stdout"].split()[-1]
+    assert allowed == str(v["cores"][0]), f"granted {v['cores']}, ran on {allowed}"
+
+
+def test_stats_say_how_actions_are_contained(client: Client) -> None:
+    stats = client.http.get("/v1/stats").json()
+    assert stats["cgroups"] in (1, 2)
+    assert stats["sandbox"] == ("bwrap" if shutil.which("bwrap") else "none")
+
+
+# -- isolation ------------------------------------------------------------------------------
+
+
+@needs_bwrap
+def test_an_action_sees_only_its_own_workspace(make_client: Callable[..., Client]) -> None:
+    client = make_client(sandbox="bwrap")
+    assert client.run(trajectory_id="a", command=["sh", "-c", "echo s > secret"])["status"] == (
+        "succeeded"
+    )
+    root = client.workdir.parent
+    outside = root / "escaped"
+    script = (
+        f"cat ../a/secret; ls {client.workdir}; echo x > {outside}; echo x > /etc/loom-escape;"
+        " echo mine > mine; cat mine; echo tmp > /tmp/t && cat /tmp/t"
+    )
+    v = client.run(trajectory_id="b", command=["sh", "-c", script])
+    assert "s\n" not in v["stdout"].splitlines(keepends=True)[:1]
+    assert "No such file" in v["stderr"]  # ../a is not there
+    assert v["stdout"].split() == ["b", "mine", "tmp"]  # only its own workspace is visible
+    assert not outside.exists() and not Path("/etc/loom-escape").exists()
+    assert (client.workdir / "b" / "mine").read_text() == "mine\n"  # its workspace is written
+
+
+@needs_bwrap
+def test_an_action_sees_neither_the_server_nor_its_environment(
+    make_client: Callable[..., Client], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LOOM_TEST_SERVER_SECRET", "hunter2")
+    client = make_client(sandbox="bwrap")
+    server = os.getpid()
+    script = f"env; kill -0 {server} && echo can-signal; ls /proc | grep -c '^[0-9]'"
+    v = client.run(command=["sh", "-c", script], env={"MINE": "1"})
+    assert "hunter2" not in v["stdout"] and "MINE=1" in v["stdout"]
+    assert "can-signal" not in v["stdout"]
+    assert int(v["stdout"].split()[-1]) <= 4  # its own PID namespace: a handful of processes
+
+
+@needs_bwrap
+def test_the_network_is_off_unless_asked(make_client: Callable[..., Client]) -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        probe = f"import socket; socket.create_connection(('127.0.0.1', {port}), 2); print('up')"
+        client = make_client(sandbox="bwrap")
+        off = client.run(command=[PY, "-c", probe])
+        assert off["status"] == "failed" and "up" not in off["stdout"]
+        on = client.run(command=[PY, "-c", probe], network=True)
+        assert on["status"] == "succeeded" and on["stdout"] == "up\n"
+    refusing = make_client(sandbox="bwrap", network=False)
+    r = refusing.http.post(
+        "/v1/actions", json={"trajectory_id": "t", "command": ["true"], "network": True}
+    )
+    assert r.status_code == 422 and "--no-network" in r.text
+
+
+# -- the server's own end ---------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def server_process(tmp_path: Path) -> Iterator[Callable[[], tuple[subprocess.Popen[bytes], str]]]:
+    """Start `loom serve actions` as a process of its own; each call starts another."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start() -> tuple[subprocess.Popen[bytes], str]:
+        port = _free_port()
+        cmd = [PY, "-c", "from loom.cli import app; app()", "serve", "actions", "--port", str(port)]
+        cmd += ["--workdir", str(tmp_path / "work")]
+        if shutil.which("bwrap") is None:
+            cmd += ["--sandbox", "none"]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        procs.append(proc)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"{url}/healthz", trust_env=False).status_code == 200:
+                    return proc, url
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.1)
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _submit(url: str, **body: Any) -> str:
+    r = httpx.post(f"{url}/v1/actions", json=body, trust_env=False)
+    assert r.status_code == 202, r.text
+    return str(r.json()["id"])
+
+
+def test_sigterm_kills_what_the_actions_started(server_process: Callable[..., Any]) -> None:
+    proc, url = server_process()
+    _submit(url, trajectory_id="t", command=_hold("301.5"))
+    _wait_running("301.5")
+    proc.send_signal(signal.SIGTERM)
+    # uvicorn shuts down gracefully, then re-raises the signal it caught
+    assert proc.wait(30) in (0, -signal.SIGTERM)
+    assert not wait_no_procs("301.5"), "a detached child outlived the server's SIGTERM"
+
+
+def test_a_restarted_server_kills_what_a_killed_one_left(
+    server_process: Callable[..., Any],
+) -> None:
+    proc, url = server_process()
+    _submit(url, trajectory_id="t", command=_hold("301.6"))
+    _wait_running("301.6")
+    proc.kill()  # SIGKILL: nothing of the server runs its cleanup
+    proc.wait()
+    time.sleep(0.3)
+    assert procs_with("301.6"), "the action should have outlived a server killed with SIGKILL"
+    server_process()  # the next server on this machine removes the dead one's groups
+    assert not wait_no_procs("301.6"), "the restarted server left the orphans running"
