@@ -7,14 +7,18 @@ submits the next), and reports per action the server's split of its completion t
 overhead (grant to execution start: the pinned fork/exec), execution — and the client's view
 (submit call to result in hand).
 
+`--start-latency` instead runs `true` under each sandbox (`--sandbox bwrap` and `none`) and
+reports what the sandbox adds to an action's start: grant to exit of a command that does
+nothing, median and p99 (target: under 20 ms median).
+
 Run: python benchmarks/bench_action_server.py [--n 32] [--seconds 1.0] [--busy] [--cores 0-7]
+       [--sandbox bwrap|none] [--start-latency]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import socket
 import statistics
 import subprocess
@@ -92,33 +96,68 @@ def _pct(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
 
 
+class _Server:
+    """`loom serve actions` as a process of its own on a free loopback port."""
+
+    def __init__(self, work: str, cores: str | None, sandbox: str) -> None:
+        port = _free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        cmd = [sys.executable, "-m", "loom.cli", "serve", "actions", "--port", str(port)]
+        cmd += ["--workdir", work, "--sandbox", sandbox] + (["--cores", cores] if cores else [])
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def __enter__(self) -> _Server:
+        _wait_healthy(self.url, self.proc)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
+def _start_latency(args: argparse.Namespace) -> None:
+    n = args.n or 200
+    starts: dict[str, list[float]] = {}
+    for sandbox in ("none", "bwrap"):
+        with tempfile.TemporaryDirectory(prefix="bench-actions-") as work:
+            with _Server(work, args.cores, sandbox) as server:
+                body = {"command": ["true"], "cpu": 1, "timeout_s": 60}
+                asyncio.run(_drive(server.url, 10, 1, body))  # warm up
+                views = asyncio.run(_drive(server.url, n, 1, body))
+        bad = [v["status"] for v in views if v["status"] != "succeeded"]
+        assert not bad, f"actions did not succeed under --sandbox {sandbox}: {bad}"
+        starts[sandbox] = [v["overhead_s"] + v["exec_s"] for v in views]
+    print(f"{n} actions running `true`, one at a time: grant to exit")
+    for sandbox, values in starts.items():
+        med, p99 = statistics.median(values) * 1e3, _pct(values, 99) * 1e3
+        print(f"  --sandbox {sandbox:<5}  median {med:6.2f} ms   p99 {p99:6.2f} ms")
+    added = [statistics.median(starts["bwrap"]) - statistics.median(starts["none"])]
+    added.append(_pct(starts["bwrap"], 99) - _pct(starts["none"], 99))
+    print(f"  added by bubblewrap: median {added[0] * 1e3:.2f} ms, p99 {added[1] * 1e3:.2f} ms")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=None, help="actions (default: 8 per core)")
     ap.add_argument("--seconds", type=float, default=1.0, help="duration of each action")
     ap.add_argument("--busy", action="store_true", help="a busy loop instead of sleep")
     ap.add_argument("--cores", default=None, help='cores to serve, e.g. "0-3"')
+    ap.add_argument("--sandbox", default="bwrap", choices=["bwrap", "none"])
+    ap.add_argument("--start-latency", action="store_true", help="what the sandbox adds to a start")
     args = ap.parse_args()
+    if args.start_latency:
+        _start_latency(args)
+        return
 
-    cores = len(os.sched_getaffinity(0)) if args.cores is None else None
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory(prefix="bench-actions-") as work:
-        cmd = [sys.executable, "-m", "loom.cli", "serve", "actions", "--port", str(port)]
-        cmd += ["--workdir", work] + (["--cores", args.cores] if args.cores else [])
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            _wait_healthy(url, proc)
-            stats = httpx.get(f"{url}/v1/stats", trust_env=False).json()
+        with _Server(work, args.cores, args.sandbox) as server:
+            stats = httpx.get(f"{server.url}/v1/stats", trust_env=False).json()
             cores = len(stats["cores"])
             n = args.n or 8 * cores
             body = {"command": _command(args.seconds, args.busy), "cpu": 1, "timeout_s": 60}
             t0 = time.perf_counter()
-            views = asyncio.run(_drive(url, n, cores, body))
+            views = asyncio.run(_drive(server.url, n, cores, body))
             wall = time.perf_counter() - t0
-        finally:
-            proc.terminate()
-            proc.wait(30)
 
     bad = [v["status"] for v in views if v["status"] != "succeeded"]
     assert not bad, f"actions did not succeed: {bad}"
@@ -130,7 +169,8 @@ def main() -> None:
     kind = "busy loop" if args.busy else "sleep"
     print(
         f"{n} x {args.seconds:g} s {kind} actions, {cores} in flight on {cores} cores, "
-        f"{wall:.1f} s wall ({n * args.seconds / wall:.2f} cores busy on average)"
+        f"--sandbox {args.sandbox}, {wall:.1f} s wall "
+        f"({n * args.seconds / wall:.2f} cores busy on average)"
     )
     print(f"  exec      median {statistics.median(exec_s):.4f} s")
     for name, ms in (("queue", queue), ("overhead", overhead)):
