@@ -165,13 +165,16 @@ def serve_actions(
         raise typer.BadParameter(str(exc)) from None
     cpus = ",".join(map(str, sorted(c for dom in node.numa for c in dom)))
     services = ", ".join(s.name for s in settings.services) or "none"
-    console.log(
-        f"[bold]loom action server[/bold] on [link]http://{settings.host}:{settings.port}[/link]"
-        f" — policy {settings.policy.value}, cores {cpus} (NUMA domains: {len(node.numa)}),"
-        f" APIs {len(settings.api)}, services {services}, sandbox {settings.sandbox.value};"
-        " API docs at /docs"
-    )
-    serve(settings)
+
+    def announce(url: str) -> None:  # once bound: with --port 0 it names the port it got
+        console.log(
+            f"[bold]loom action server[/bold] on [link]{url}[/link]"
+            f" — policy {settings.policy.value}, cores {cpus} (NUMA domains: {len(node.numa)}),"
+            f" APIs {len(settings.api)}, services {services}, sandbox {settings.sandbox.value};"
+            " API docs at /docs"
+        )
+
+    serve(settings, on_bound=announce)
 
 
 @serve_app.command("rollout")

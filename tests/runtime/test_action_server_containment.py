@@ -5,7 +5,9 @@ sees neither other workspaces nor the server, and writes nowhere but its own wor
 
 from __future__ import annotations
 
+import itertools
 import os
+import random
 import shutil
 import signal
 import socket
@@ -24,6 +26,7 @@ from action_server_client import Client, procs_with, wait_no_procs
 from loom.runtime.actions.cgroups import cgroups_missing
 
 PY = sys.executable
+SANDBOX = "bwrap" if shutil.which("bwrap") else "none"
 CORES = sorted(os.sched_getaffinity(0))
 NO_CGROUPS = cgroups_missing()
 needs_cgroups = pytest.mark.skipif(NO_CGROUPS is not None, reason=f"no cgroups: {NO_CGROUPS}")
@@ -176,12 +179,10 @@ def server_process(tmp_path: Path) -> Iterator[Callable[[], tuple[subprocess.Pop
     """Start `loom serve actions` as a process of its own; each call starts another."""
     procs: list[subprocess.Popen[bytes]] = []
 
-    def start() -> tuple[subprocess.Popen[bytes], str]:
+    def start(sandbox: str = SANDBOX) -> tuple[subprocess.Popen[bytes], str]:
         port = _free_port()
         cmd = [PY, "-c", "from loom.cli import app; app()", "serve", "actions", "--port", str(port)]
-        cmd += ["--workdir", str(tmp_path / "work")]
-        if shutil.which("bwrap") is None:
-            cmd += ["--sandbox", "none"]
+        cmd += ["--workdir", str(tmp_path / "work"), "--sandbox", sandbox]
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         procs.append(proc)
         url = f"http://127.0.0.1:{port}"
@@ -221,7 +222,9 @@ def test_sigterm_kills_what_the_actions_started(server_process: Callable[..., An
 def test_a_restarted_server_kills_what_a_killed_one_left(
     server_process: Callable[..., Any],
 ) -> None:
-    proc, url = server_process()
+    # unsandboxed: bubblewrap's --die-with-parent would end the action with the server, and
+    # the cgroups are what this tests
+    proc, url = server_process("none")
     _submit(url, trajectory_id="t", command=_hold("301.6"))
     _wait_running("301.6")
     proc.kill()  # SIGKILL: nothing of the server runs its cleanup
@@ -230,3 +233,37 @@ def test_a_restarted_server_kills_what_a_killed_one_left(
     assert procs_with("301.6"), "the action should have outlived a server killed with SIGKILL"
     server_process()  # the next server on this machine removes the dead one's groups
     assert not wait_no_procs("301.6"), "the restarted server left the orphans running"
+
+
+def test_chaos_leaves_nothing_running_and_loses_nothing(client: Client) -> None:
+    """A bounded mix, seeded: quick actions, detached escapes, timeouts, cancels and
+    trajectory ends. Every accepted action ends; no core is granted twice at once; no process
+    any action started is left."""
+    rng = random.Random(7)
+    ids: list[str] = []
+    for i in range(60):
+        traj = f"c{i % 6}"
+        kind = rng.choice(["quick", "escape", "timeout", "hold"])
+        if kind == "quick":
+            command = ["sh", "-c", "echo $LOOM_CORES"]
+        elif kind == "escape":
+            command = _detach("302.1")
+        else:
+            command = _hold("302.2")
+        timeout = 0.3 if kind == "timeout" else 20.0
+        ids.append(client.submit(trajectory_id=traj, command=command, timeout_s=timeout))
+        roll = rng.random()
+        if roll < 0.15:
+            client.http.delete(f"/v1/actions/{rng.choice(ids)}")
+        elif roll < 0.2:
+            client.http.post(f"/v1/trajectories/c{rng.randrange(6)}/end")
+    for t in range(6):
+        client.http.post(f"/v1/trajectories/c{t}/end")
+    views = [client.wait(a, timeout_s=30) for a in ids]
+    assert all(v["status"] in ("succeeded", "failed", "cancelled", "timed_out") for v in views)
+    ran = [v for v in views if v["started_at"] is not None]
+    for core in CORES:  # never two actions on one core at once
+        spans = sorted((v["started_at"], v["finished_at"]) for v in ran if core in v["cores"])
+        assert all(a[1] <= b[0] + 1e-3 for a, b in itertools.pairwise(spans)), core
+    assert not wait_no_procs("302."), "processes of finished actions are still running"
+    assert client.http.get("/v1/stats").json()["busy_cores"] == []

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import Depends, FastAPI, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from loom import __version__
@@ -79,6 +80,17 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def closing(request: Request, exc: Exception) -> JSONResponse:
         return JSONResponse(status_code=503, content={"detail": str(exc)})
 
+    async def malformed(request: Request, exc: Exception) -> JSONResponse:
+        # NOTE: FastAPI's own handler echoes each bad input, and a NaN or an infinity echoed
+        # is not JSON: the response fails and the connection drops. Say what was wrong only.
+        assert isinstance(exc, RequestValidationError)
+        detail = [
+            {"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": e.get("type")}
+            for e in exc.errors()
+        ]
+        return JSONResponse(status_code=422, content={"detail": detail})
+
+    app.add_exception_handler(RequestValidationError, malformed)
     app.add_exception_handler(ConfigError, invalid)
     app.add_exception_handler(UnknownActionError, unknown)
     app.add_exception_handler(ServerClosingError, closing)

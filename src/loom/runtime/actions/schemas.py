@@ -5,7 +5,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, model_validator
 
 from loom.core.actions import ActionKind, ActionStatus
 
@@ -48,8 +48,29 @@ class StatusName(StrEnum):
         return cls(status.name.lower())
 
 
+MAX_TIMEOUT_S = 86_400.0  # a day: longer is a mistake, not a tool call
+
+
+def _no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("must not contain a NUL byte")
+    return value
+
+
+def _env_key(value: str) -> str:
+    if "=" in value:
+        raise ValueError(f"environment variable names cannot contain '=' (got {value!r})")
+    return _no_nul(value)
+
+
+# Strings that reach execve: no NUL byte (the kernel would cut them short, Python refuses).
+Arg = Annotated[str, AfterValidator(_no_nul)]
+EnvKey = Annotated[str, Field(min_length=1, max_length=256), AfterValidator(_env_key)]
+
+
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # NaN and infinities are refused: no duration, size or count is either
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class CpuRange(_Request):
@@ -98,7 +119,7 @@ class ActionRequest(_Request):
     """One action: a command (CPU tool), a service call (GPU) or an API call."""
 
     trajectory_id: TrajectoryId
-    command: list[str] | None = Field(default=None, min_length=1, description="argv")
+    command: list[Arg] | None = Field(default=None, min_length=1, description="argv")
     cpu: Annotated[int, Field(ge=1)] | CpuRange = Field(
         default=1, description="cores: a count, or {min, max} for an elastic action"
     )
@@ -107,7 +128,9 @@ class ActionRequest(_Request):
         gt=0,
         description="the trajectory's memory over all its processes (its cgroup's limit)",
     )
-    timeout_s: float | None = Field(default=None, gt=0, description="execution time limit")
+    timeout_s: float | None = Field(
+        default=None, gt=0, le=MAX_TIMEOUT_S, description="execution time limit (at most a day)"
+    )
     t_ori_s: float | None = Field(
         default=None, ge=0, description="profiled duration on one unit of the key resource"
     )
@@ -120,7 +143,9 @@ class ActionRequest(_Request):
         pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
         description="environment variable set to the granted core count",
     )
-    env: dict[str, str] = Field(default_factory=dict, description="extra environment")
+    env: dict[EnvKey, Arg] = Field(
+        default_factory=dict, description="extra environment (keys without '=' or NUL)"
+    )
     network: bool = Field(
         default=False, description="the sandboxed command may use the network (off by default)"
     )

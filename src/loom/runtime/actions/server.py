@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Callable
 from types import TracebackType
 
 import uvicorn
@@ -31,10 +32,31 @@ def uvicorn_config(app: FastAPI, host: str, port: int, log_level: str = "info") 
     )
 
 
-def serve(config: ActionServerConfig, log_level: str = "info") -> None:
-    """Serve until interrupted (SIGINT/SIGTERM); every action ends before it returns."""
+def _bind(host: str, port: int) -> tuple[socket.socket, str]:
+    """A listening TCP socket on `host:port` (0: a free port) and its URL."""
+    # NOTE: proto must say TCP: asyncio sets TCP_NODELAY on accepted connections only then,
+    # and without it keep-alive responses wait ~40 ms for a delayed ACK.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    bound_host, bound_port = sock.getsockname()[:2]
+    return sock, f"http://{bound_host}:{bound_port}"
+
+
+def serve(
+    config: ActionServerConfig,
+    log_level: str = "info",
+    on_bound: Callable[[str], None] | None = None,
+) -> None:
+    """Serve until interrupted (SIGINT/SIGTERM); every action ends before it returns.
+    `on_bound(url)` is told the address once the socket is bound (`port` 0 picks one)."""
     app = create_app(config)
-    uvicorn.Server(uvicorn_config(app, config.host, config.port, log_level)).run()
+    sock, url = _bind(config.host, config.port)
+    if on_bound is not None:
+        on_bound(url)
+    port = int(url.rsplit(":", 1)[1])
+    with sock:
+        uvicorn.Server(uvicorn_config(app, config.host, port, log_level)).run(sockets=[sock])
 
 
 class BackgroundServer:
@@ -45,14 +67,9 @@ class BackgroundServer:
         self, config: ActionServerConfig, *, trust_env: bool = True, log_level: str = "warning"
     ) -> None:
         self.app = create_app(config, trust_env=trust_env)
-        # NOTE: proto must say TCP: asyncio sets TCP_NODELAY on accepted connections only
-        # then, and without it keep-alive responses wait ~40 ms for a delayed ACK.
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind((config.host, config.port))
-        host, port = self._sock.getsockname()[:2]
-        self.url = f"http://{host}:{port}"
-        self._server = uvicorn.Server(uvicorn_config(self.app, host, port, log_level))
+        self._sock, self.url = _bind(config.host, config.port)
+        host, port = self.url.removeprefix("http://").rsplit(":", 1)
+        self._server = uvicorn.Server(uvicorn_config(self.app, host, int(port), log_level))
         self._thread = threading.Thread(target=self._run, name="action-server", daemon=True)
         self._error: BaseException | None = None
 
