@@ -137,6 +137,15 @@ def serve_actions(
         float | None,
         typer.Option("--linger-s", help="seconds an action's leftover processes may run on"),
     ] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            "--token",
+            envvar="LOOM_TOKEN",
+            help="bearer token every route but /healthz requires (needed beyond loopback)",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Serve tool and reward actions over HTTP, scheduled by an action policy."""
     from loom.core.errors import ConfigError
@@ -156,6 +165,7 @@ def serve_actions(
             sandbox=sandbox,
             network=False if no_network else None,
             linger_s=linger_s,
+            token=token,
         )
         node = local_cpu_node(settings.cores, settings.memory_gb)
         policy_factory(settings.policy)

@@ -1,5 +1,6 @@
 """Clients of Loom's runtime services."""
 
+from loom.client.actions import ActionClient, ActionError, AsyncActionClient
 from loom.client.rollout import RolloutClient, TrajectoryHandle
 
-__all__ = ["RolloutClient", "TrajectoryHandle"]
+__all__ = ["ActionClient", "ActionError", "AsyncActionClient", "RolloutClient", "TrajectoryHandle"]

@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from loom import __version__
 from loom.core.errors import ConfigError
 from loom.runtime.actions.config import ActionServerConfig
 from loom.runtime.actions.driver import ActionDriver, ServerClosingError, UnknownActionError
+from loom.runtime.actions.run_code import RunCodeRequest, RunCodeResponse, run_code
 from loom.runtime.actions.schemas import (
     ActionAccepted,
     ActionRequest,
@@ -67,7 +71,33 @@ def create_app(config: ActionServerConfig | None = None, *, trust_env: bool = Tr
     )
     _add_error_handlers(app)
     _add_routes(app)
+    if cfg.token is not None:
+        app.add_middleware(BearerToken, token=cfg.token)
     return app
+
+
+class BearerToken:
+    """ASGI middleware: every HTTP request but `/healthz` must carry `Authorization: Bearer
+    <token>` (401 otherwise). Compared in constant time."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self._expected = f"Bearer {token}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] != "/healthz":
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self._expected):
+                response = JSONResponse(
+                    status_code=401,
+                    content={
+                        "detail": "missing or wrong token: send Authorization: Bearer <token>"
+                    },
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def _add_error_handlers(app: FastAPI) -> None:
@@ -101,6 +131,11 @@ def _add_routes(app: FastAPI) -> None:
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
+    @app.get("/metrics", tags=["server"], response_class=Response)
+    async def metrics(driver: Driver) -> Response:
+        """Prometheus: queued, running, busy cores, ACT by kind, failures by reason."""
+        return Response(driver.metrics_text(), media_type=CONTENT_TYPE_LATEST)
+
     @app.get("/v1/stats", tags=["server"])
     async def stats(driver: Driver) -> ServerStats:
         return driver.stats()
@@ -130,6 +165,12 @@ def _add_routes(app: FastAPI) -> None:
         """Cancel a queued action or kill a running one; a finished one is left as it is."""
         rec = await driver.cancel(action_id)
         return rec.view(driver.clock)
+
+    @app.post("/run_code", tags=["sandboxfusion"])
+    async def run_code_route(body: RunCodeRequest, driver: Driver) -> RunCodeResponse:
+        """SandboxFusion's single-snippet route (python, bash): runs it as a contained CPU
+        action and answers when it has finished."""
+        return await run_code(driver, body)
 
     @app.post("/v1/trajectories/{trajectory_id}/end", tags=["trajectories"])
     async def end_trajectory(

@@ -3,6 +3,7 @@ its GPU nodes and services; loadable from a TOML or JSON file."""
 
 from __future__ import annotations
 
+import ipaddress
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -21,6 +22,16 @@ __all__ = [
     "ServiceModelKind",
     "load_config",
 ]
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve anywhere
+        return False
+
 
 Name = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
 
@@ -108,6 +119,12 @@ class ActionServerConfig(_Settings):
         default=0.0, ge=0, le=3600, description="how long an action's leftovers may run on"
     )
     pids_max: int = Field(default=1024, ge=8, description="processes per action (pids.max)")
+    token: str | None = Field(
+        default=None,
+        min_length=16,
+        repr=False,
+        description="bearer token every route but /healthz requires; needed beyond loopback",
+    )
     api: tuple[ApiLimitConfig, ...] = ()
     gpu_nodes: tuple[GpuNodeConfig, ...] = ()
     services: tuple[GpuServiceConfig, ...] = ()
@@ -124,6 +141,11 @@ class ActionServerConfig(_Settings):
                 raise ValueError(f"duplicate {what} names: {sorted(dup)}")
         if self.cores is not None and len(set(self.cores)) != len(self.cores):
             raise ValueError("cores lists a core twice")
+        if self.token is None and not _loopback(self.host):
+            raise ValueError(
+                f"binding {self.host} (beyond loopback) runs model-written code for whoever can "
+                "reach it: give a token (--token or LOOM_TOKEN, 16 characters or more)"
+            )
         return self
 
     def with_overrides(self, **values: Any) -> ActionServerConfig:

@@ -29,6 +29,7 @@ from loom.runtime.actions.executor import ExecContext, Executor
 from loom.runtime.actions.formulate import formulate
 from loom.runtime.actions.history import DurationHistory
 from loom.runtime.actions.host import local_cpu_node
+from loom.runtime.actions.metrics import ActionMetrics
 from loom.runtime.actions.process import ProcessExecutor
 from loom.runtime.actions.record import ActionRecord, Clock, Outcome
 from loom.runtime.actions.sandbox import Bubblewrap, probe_bubblewrap
@@ -99,6 +100,7 @@ class ActionDriver:
         if self.services is not None:
             self._executors[ActionKind.GPU_SERVICE] = self.services
         self._records: dict[str, ActionRecord] = {}
+        self.metrics = ActionMetrics()
         self._live: dict[str, set[str]] = {}  # trajectory -> its actions not yet terminal
         self._done: deque[str] = deque()  # terminal actions, oldest first
         self._tasks: dict[str, asyncio.Task[Outcome]] = {}
@@ -228,6 +230,12 @@ class ActionDriver:
         return TrajectoryEnded(
             trajectory_id=trajectory_id, cancelled=live, workspace_removed=removed
         )
+
+    def metrics_text(self) -> bytes:
+        """Prometheus' text format: queue, running, busy cores, ACT by kind, failures."""
+        queued = sum(r.status is ActionStatus.QUEUED for r in self._records.values())
+        running = sum(r.status is ActionStatus.RUNNING for r in self._records.values())
+        return self.metrics.render(queued, running, len(self._claims.busy_cores))
 
     def stats(self) -> ServerStats:
         counts = {s: 0 for s in ActionStatus}
@@ -379,6 +387,7 @@ class ActionDriver:
         self._wake.set()  # FCFS: what waited behind it may start now
 
     def _retire(self, rec: ActionRecord) -> None:
+        self.metrics.record(rec)
         live = self._live.get(rec.spec.trajectory_id)
         if live is not None:
             live.discard(rec.id)

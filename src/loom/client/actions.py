@@ -1,0 +1,203 @@
+"""Clients of the action server (`loom serve actions`), synchronous and asynchronous.
+
+    with ActionClient("http://127.0.0.1:8700") as actions:
+        view = actions.run("traj-1", command=["python3", "-c", "print(6 * 7)"], timeout_s=10)
+        print(view["status"], view["stdout"])
+        actions.end_trajectory("traj-1")
+
+    async with AsyncActionClient("http://127.0.0.1:8700") as actions:
+        aid = await actions.submit("traj-1", command=["pytest", "-q"], cpu={"min": 1, "max": 4})
+        view = await actions.wait(aid)
+
+`run` is `submit` then `wait`. Views are the server's JSON (`status`, `exit_code`, `stdout`,
+`stderr`, the ACT breakdown...). The server's 4xx and 5xx raise `ActionError` with its message;
+`token` (or `LOOM_TOKEN`) is sent as a bearer token.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from types import TracebackType
+from typing import Any, Self
+
+import httpx
+
+__all__ = ["TERMINAL", "ActionClient", "ActionError", "AsyncActionClient"]
+
+TERMINAL = frozenset({"succeeded", "failed", "cancelled", "timed_out"})
+_POLL_S = 60.0  # the server's longest long-poll
+
+
+class ActionError(RuntimeError):
+    """The server refused or failed a request: `status` and its `message`."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+        self.message = message
+
+
+def _check(resp: httpx.Response) -> Any:
+    if resp.status_code >= 400:
+        try:
+            detail = resp.json()["detail"]
+        except (ValueError, KeyError, TypeError):
+            detail = resp.text[:500]
+        if isinstance(detail, list):  # validation errors: where and what
+            detail = "; ".join(
+                f"{'.'.join(map(str, d.get('loc', [])))}: {d.get('msg')}" for d in detail
+            )
+        raise ActionError(resp.status_code, str(detail))
+    return resp.json()
+
+
+def _body(trajectory_id: str, fields: dict[str, Any]) -> dict[str, Any]:
+    return {"trajectory_id": trajectory_id, **{k: v for k, v in fields.items() if v is not None}}
+
+
+def _headers(token: str | None) -> dict[str, str]:
+    token = token if token is not None else os.environ.get("LOOM_TOKEN")
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+class _Deadline:
+    def __init__(self, timeout_s: float | None) -> None:
+        self.end = None if timeout_s is None else time.monotonic() + timeout_s
+
+    def poll_s(self, action_id: str) -> float:
+        if self.end is None:
+            return _POLL_S
+        left = self.end - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"action {action_id} did not finish in time")
+        return min(_POLL_S, left)
+
+
+class ActionClient:
+    """A synchronous client; `timeout_s` bounds one HTTP request."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None = None,
+        timeout_s: float = _POLL_S + 30.0,
+        **httpx_options: Any,
+    ) -> None:
+        self.http = httpx.Client(
+            base_url=base_url, timeout=timeout_s, headers=_headers(token), **httpx_options
+        )
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.http.close()
+
+    def submit(self, trajectory_id: str, **fields: Any) -> str:
+        """Queue an action (`command=`, `service=` or `api=`, and its options); its id."""
+        return str(_check(self.http.post("/v1/actions", json=_body(trajectory_id, fields)))["id"])
+
+    def get(self, action_id: str, wait_s: float = 0.0) -> dict[str, Any]:
+        out: dict[str, Any] = _check(
+            self.http.get(f"/v1/actions/{action_id}", params={"wait_s": wait_s})
+        )
+        return out
+
+    def wait(self, action_id: str, timeout_s: float | None = None) -> dict[str, Any]:
+        """Until the action is terminal (TimeoutError past `timeout_s`); its view."""
+        deadline = _Deadline(timeout_s)
+        while (view := self.get(action_id, deadline.poll_s(action_id)))["status"] not in TERMINAL:
+            pass
+        return view
+
+    def run(
+        self, trajectory_id: str, *, wait_timeout_s: float | None = None, **fields: Any
+    ) -> dict[str, Any]:
+        """Submit and wait (at most `wait_timeout_s`): the terminal view. `timeout_s`, if
+        given, is the action's own time limit, as in `submit`."""
+        return self.wait(self.submit(trajectory_id, **fields), wait_timeout_s)
+
+    def cancel(self, action_id: str) -> dict[str, Any]:
+        out: dict[str, Any] = _check(self.http.delete(f"/v1/actions/{action_id}"))
+        return out
+
+    def end_trajectory(self, trajectory_id: str) -> dict[str, Any]:
+        out: dict[str, Any] = _check(self.http.post(f"/v1/trajectories/{trajectory_id}/end"))
+        return out
+
+    def stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = _check(self.http.get("/v1/stats"))
+        return out
+
+
+class AsyncActionClient:
+    """The same operations, awaitable."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None = None,
+        timeout_s: float = _POLL_S + 30.0,
+        **httpx_options: Any,
+    ) -> None:
+        self.http = httpx.AsyncClient(
+            base_url=base_url, timeout=timeout_s, headers=_headers(token), **httpx_options
+        )
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    async def submit(self, trajectory_id: str, **fields: Any) -> str:
+        resp = await self.http.post("/v1/actions", json=_body(trajectory_id, fields))
+        return str(_check(resp)["id"])
+
+    async def get(self, action_id: str, wait_s: float = 0.0) -> dict[str, Any]:
+        resp = await self.http.get(f"/v1/actions/{action_id}", params={"wait_s": wait_s})
+        out: dict[str, Any] = _check(resp)
+        return out
+
+    async def wait(self, action_id: str, timeout_s: float | None = None) -> dict[str, Any]:
+        deadline = _Deadline(timeout_s)
+        while True:
+            view = await self.get(action_id, deadline.poll_s(action_id))
+            if view["status"] in TERMINAL:
+                return view
+
+    async def run(
+        self, trajectory_id: str, *, wait_timeout_s: float | None = None, **fields: Any
+    ) -> dict[str, Any]:
+        return await self.wait(await self.submit(trajectory_id, **fields), wait_timeout_s)
+
+    async def cancel(self, action_id: str) -> dict[str, Any]:
+        out: dict[str, Any] = _check(await self.http.delete(f"/v1/actions/{action_id}"))
+        return out
+
+    async def end_trajectory(self, trajectory_id: str) -> dict[str, Any]:
+        out: dict[str, Any] = _check(await self.http.post(f"/v1/trajectories/{trajectory_id}/end"))
+        return out
+
+    async def stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = _check(await self.http.get("/v1/stats"))
+        return out
