@@ -137,6 +137,18 @@ def serve_actions(
         float | None,
         typer.Option("--linger-s", help="seconds an action's leftover processes may run on"),
     ] = None,
+    retain_s: Annotated[
+        float | None, typer.Option("--retain-s", help="seconds a finished action is kept")
+    ] = None,
+    retain_max: Annotated[
+        int | None, typer.Option("--retain-max", help="finished actions kept at most")
+    ] = None,
+    trajectory_idle_s: Annotated[
+        float | None,
+        typer.Option(
+            "--trajectory-idle-s", help="end a trajectory (free its memory) after this idle time"
+        ),
+    ] = None,
     token: Annotated[
         str | None,
         typer.Option(
@@ -165,6 +177,9 @@ def serve_actions(
             sandbox=sandbox,
             network=False if no_network else None,
             linger_s=linger_s,
+            retain_s=retain_s,
+            retain_max=retain_max,
+            trajectory_idle_s=trajectory_idle_s,
             token=token,
         )
         node = local_cpu_node(settings.cores, settings.memory_gb)

@@ -6,8 +6,10 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import httpx
 import pytest
 from action_server_client import Client, max_overlap, procs_with, wait_no_procs
 
@@ -136,9 +138,16 @@ def test_ending_a_trajectory_cancels_its_actions(client: Client) -> None:
     running = client.submit(trajectory_id="gone", command=["sleep", "30"], cpu=len(CORES))
     client.wait_status(running, "running")
     queued = client.submit(trajectory_id="gone", command=["true"])
-    ended = client.http.post("/v1/trajectories/gone/end").json()
-    assert sorted(ended["cancelled"]) == sorted([running, queued])
-    assert {client.view(running)["status"], client.view(queued)["status"]} == {"cancelled"}
+    with ThreadPoolExecutor(1) as pool, httpx.Client(base_url=client.server.url) as other:
+        # a long-poll open on the running action
+        waiting = pool.submit(lambda: other.get(f"/v1/actions/{running}?wait_s=30").json())
+        time.sleep(0.1)
+        ended = client.http.post("/v1/trajectories/gone/end").json()
+        assert sorted(ended["cancelled"]) == sorted([running, queued])
+        assert waiting.result(30)["status"] == "cancelled"  # it got the terminal record
+    # ending a trajectory frees its records
+    for aid in (running, queued):
+        assert client.http.get(f"/v1/actions/{aid}").status_code == 404
 
 
 def test_output_keeps_the_tail(make_client: Callable[..., Client]) -> None:

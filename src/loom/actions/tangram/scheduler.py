@@ -53,6 +53,14 @@ class TangramConfig:
             "decision's horizon (beyond Algorithm 2; see the scheduler's module notes)"
         },
     )
+    backfill_s: float | None = field(
+        default=None,
+        metadata={
+            "help": "an action that does not fit lets those behind it that fit start, until "
+            "it has waited this long (then FCFS again, so it cannot starve); None: strict "
+            "FCFS, as the paper schedules (the simulator's reproductions)"
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.depth < 1:
@@ -61,6 +69,8 @@ class TangramConfig:
             raise ConfigError(f"lookahead must be >= 0, got {self.lookahead}")
         if self.fixed_units is not None and self.fixed_units < 1:
             raise ConfigError(f"fixed_units must be >= 1, got {self.fixed_units}")
+        if self.backfill_s is not None and not self.backfill_s >= 0:
+            raise ConfigError(f"backfill_s must be >= 0, got {self.backfill_s}")
 
 
 @dataclass(slots=True)
@@ -218,7 +228,7 @@ class ElasticScheduler:
 
     def _decide(self, now: float) -> list[_Candidate]:
         ledgers = {m.name: m.ledger(now) for m in self.managers}
-        cands = self._candidates(ledgers)
+        cands = self._candidates(ledgers, now)
         selected: list[_Candidate] = []
         groups: dict[tuple[str, str], list[_Candidate]] = {}
         for c in cands:
@@ -233,7 +243,8 @@ class ElasticScheduler:
         return selected
 
     # -- phase 1: FCFS candidates at minimum units -----------------------------------------
-    def _candidates(self, ledgers: Mapping[str, Ledger]) -> list[_Candidate]:
+    def _candidates(self, ledgers: Mapping[str, Ledger], now: float) -> list[_Candidate]:
+        backfill = self.config.backfill_s
         out: list[_Candidate] = []
         blocked: set[tuple[str, str | None]] = set()
         for order, q in enumerate(self._queue.values()):
@@ -259,7 +270,8 @@ class ElasticScheduler:
                 for ledger, od, u in reversed(taken):
                     ledger.give(a, od, u, full=True)
                 key_ledger.give(a, d, q.units, full=True)
-            blocked.add(lane)  # FCFS: nothing behind it in its lane jumps ahead
+            if backfill is None or now - q.submit_s >= backfill:
+                blocked.add(lane)  # FCFS: nothing behind it in its lane jumps ahead
         return out
 
     # -- phase 2: greedy eviction per (key resource, domain) -------------------------------
@@ -455,23 +467,28 @@ class ElasticScheduler:
 
 
 @ACTION_POLICIES.register(ActionPolicyKind.TANGRAM)
-def tangram(managers: Sequence[ResourceManager], depth: int = 2) -> ElasticScheduler:
-    return ElasticScheduler(managers, TangramConfig(depth=depth))
+def tangram(
+    managers: Sequence[ResourceManager], depth: int = 2, backfill_s: float | None = None
+) -> ElasticScheduler:
+    return ElasticScheduler(managers, TangramConfig(depth=depth, backfill_s=backfill_s))
 
 
 @ACTION_POLICIES.register(ActionPolicyKind.TANGRAM_LOOKAHEAD)
-def tangram_lookahead(managers: Sequence[ResourceManager], depth: int = 2) -> ElasticScheduler:
-    return ElasticScheduler(managers, TangramConfig(depth=depth, lookahead_arrivals=True))
+def tangram_lookahead(
+    managers: Sequence[ResourceManager], depth: int = 2, backfill_s: float | None = None
+) -> ElasticScheduler:
+    cfg = TangramConfig(depth=depth, lookahead_arrivals=True, backfill_s=backfill_s)
+    return ElasticScheduler(managers, cfg)
 
 
 @ACTION_POLICIES.register(ActionPolicyKind.DOP4)
-def dop4(managers: Sequence[ResourceManager]) -> ElasticScheduler:
-    return ElasticScheduler(managers, TangramConfig(fixed_units=4))
+def dop4(managers: Sequence[ResourceManager], backfill_s: float | None = None) -> ElasticScheduler:
+    return ElasticScheduler(managers, TangramConfig(fixed_units=4, backfill_s=backfill_s))
 
 
 @ACTION_POLICIES.register(ActionPolicyKind.DOP16)
-def dop16(managers: Sequence[ResourceManager]) -> ElasticScheduler:
-    return ElasticScheduler(managers, TangramConfig(fixed_units=16))
+def dop16(managers: Sequence[ResourceManager], backfill_s: float | None = None) -> ElasticScheduler:
+    return ElasticScheduler(managers, TangramConfig(fixed_units=16, backfill_s=backfill_s))
 
 
 def _options(q: _Queued, cap: int) -> Mapping[int, float]:

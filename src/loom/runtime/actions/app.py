@@ -12,7 +12,7 @@ from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from loom import __version__
 from loom.core.errors import ConfigError
@@ -71,9 +71,55 @@ def create_app(config: ActionServerConfig | None = None, *, trust_env: bool = Tr
     )
     _add_error_handlers(app)
     _add_routes(app)
+    app.add_middleware(BodyLimit, max_bytes=cfg.max_body_bytes)
     if cfg.token is not None:
         app.add_middleware(BearerToken, token=cfg.token)
     return app
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over `max_bytes` is a 413, whether its Content-Length
+    says so up front or a chunked body grows past it."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    def _too_large(self) -> JSONResponse:
+        return JSONResponse(
+            status_code=413,
+            content={"detail": f"request body over {self.max_bytes} bytes (--max-body-bytes)"},
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self._too_large()(scope, receive, send)
+            return
+        seen = 0
+        refused = False
+
+        async def counted() -> Message:
+            nonlocal seen, refused
+            message = await receive()
+            if message["type"] == "http.request" and not refused:
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    # NOTE: answered here, as the body grows: an exception would reach
+                    # FastAPI's body parsing, which turns any error into a 400
+                    refused = True
+                    await self._too_large()(scope, receive, send)
+                    return {"type": "http.disconnect"}
+            return message
+
+        async def guarded(message: Message) -> None:
+            if not refused:  # the app's own answer, after ours, goes nowhere
+                await send(message)
+
+        await self.app(scope, counted, guarded)
 
 
 class BearerToken:
@@ -162,7 +208,11 @@ def _add_routes(app: FastAPI) -> None:
 
     @app.delete("/v1/actions/{action_id}", tags=["actions"])
     async def cancel_action(action_id: str, driver: Driver) -> ActionView:
-        """Cancel a queued action or kill a running one; a finished one is left as it is."""
+        """Cancel a queued action or kill a running one (its view, now cancelled); a finished
+        one is forgotten (its last view; a later GET is 404)."""
+        rec = driver.get(action_id)
+        if rec.status.terminal:
+            return driver.delete(action_id).view(driver.clock)
         rec = await driver.cancel(action_id)
         return rec.view(driver.clock)
 

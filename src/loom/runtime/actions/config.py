@@ -24,6 +24,16 @@ __all__ = [
 ]
 
 
+# The policies the server can drive (the others model baselines of the paper's evaluation in
+# the simulator: Kubernetes pods, ServerlessLLM, ...).
+SERVER_POLICIES = (
+    ActionPolicyKind.TANGRAM,
+    ActionPolicyKind.TANGRAM_LOOKAHEAD,
+    ActionPolicyKind.DOP4,
+    ActionPolicyKind.DOP16,
+)
+
+
 def _loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -103,9 +113,28 @@ class ActionServerConfig(_Settings):
         default=None, gt=0, description="memory for environments; None: the machine's"
     )
     policy: ActionPolicyKind = ActionPolicyKind.TANGRAM
+    backfill_s: float | None = Field(
+        default=30.0,
+        ge=0,
+        description="an action that does not fit lets later ones that fit start, for this "
+        "long (then it blocks them so it cannot starve); None: strict FCFS as in the paper",
+    )
     default_timeout_s: float = Field(default=600.0, gt=0)
     max_output_bytes: int = Field(default=1 << 20, ge=1024, description="kept per stream (tail)")
-    max_records: int = Field(default=100_000, ge=1, description="finished actions remembered")
+    retain_max: int = Field(default=100_000, ge=1, description="finished actions remembered")
+    retain_s: float = Field(
+        default=3600.0, gt=0, le=30 * 86_400, description="how long a finished action is kept"
+    )
+    trajectory_idle_s: float = Field(
+        default=3600.0,
+        gt=0,
+        le=30 * 86_400,
+        description="a trajectory without actions this long is ended (its memory, workspace "
+        "and records freed)",
+    )
+    max_body_bytes: int = Field(
+        default=16 << 20, ge=1024, description="largest request body (413 beyond)"
+    )
     sandbox: SandboxKind = Field(
         default=SandboxKind.BWRAP, description="isolate CPU actions with bubblewrap, or none"
     )
@@ -131,6 +160,12 @@ class ActionServerConfig(_Settings):
 
     @model_validator(mode="after")
     def _unique_names(self) -> ActionServerConfig:
+        if self.policy not in SERVER_POLICIES:
+            names = ", ".join(p.value for p in SERVER_POLICIES)
+            raise ValueError(
+                f"policy {self.policy.value!r} runs only in the simulator; the server drives "
+                f"{names}"
+            )
         for what, names in (
             ("API quota", [a.name for a in self.api]),
             ("GPU node", [n.name for n in self.gpu_nodes]),

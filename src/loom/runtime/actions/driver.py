@@ -86,7 +86,9 @@ class ActionDriver:
         managers: list[ResourceManager] = [self.cpu, self.basic]
         if self.gpu is not None:
             managers.append(self.gpu)
-        self.policy: ActionPolicy = policy_factory(config.policy)(managers)
+        self.policy: ActionPolicy = policy_factory(config.policy)(
+            managers, backfill_s=config.backfill_s
+        )
         self.workspaces = Workspaces(config.workdir)
         self.sandbox, self._notes = self._sandbox(config)
         self.cgroups: Cgroups | None = None  # at start()
@@ -103,6 +105,9 @@ class ActionDriver:
         self.metrics = ActionMetrics()
         self._live: dict[str, set[str]] = {}  # trajectory -> its actions not yet terminal
         self._done: deque[str] = deque()  # terminal actions, oldest first
+        self._by_trajectory: dict[str, set[str]] = {}  # trajectory -> its records
+        self._activity: dict[str, float] = {}  # trajectory -> its last submit or end
+        self._housekeeper: asyncio.Task[None] | None = None
         self._tasks: dict[str, asyncio.Task[Outcome]] = {}
         self._cancel_reason: dict[str, str] = {}
         self._claims = Claims(c for dom in self.node.numa for c in dom)
@@ -152,12 +157,16 @@ class ActionDriver:
         self.processes.cgroups = self.cgroups
         self._notes += notes
         self._loop_task = asyncio.create_task(self._loop(), name="action-scheduler")
+        self._housekeeper = asyncio.create_task(self._housekeeping(), name="action-housekeeping")
 
     async def close(self) -> None:
         """Stop: queued actions become cancelled, running ones are killed (cancelled)."""
         if self._closing:
             return
         self._closing = True
+        if self._housekeeper is not None:
+            self._housekeeper.cancel()
+            await asyncio.gather(self._housekeeper, return_exceptions=True)
         now = self.clock.now()
         for rec in [r for r in self._records.values() if r.status is ActionStatus.QUEUED]:
             self._drop_queued(rec, "the server shut down", now)
@@ -198,6 +207,8 @@ class ActionDriver:
         rec = ActionRecord(spec=spec, request=request, submitted=now)
         self._records[aid] = rec
         self._live.setdefault(spec.trajectory_id, set()).add(aid)
+        self._by_trajectory.setdefault(spec.trajectory_id, set()).add(aid)
+        self._activity[spec.trajectory_id] = now
         self._wake.set()
         return rec
 
@@ -219,10 +230,35 @@ class ActionDriver:
             await rec.done.wait()
         return rec
 
-    async def end_trajectory(self, trajectory_id: str) -> TrajectoryEnded:
-        """Cancel the trajectory's unfinished actions, free its pins and its workspace."""
+    def delete(self, action_id: str) -> ActionRecord:
+        """Forget a terminal action (ConfigError if it has not ended)."""
+        rec = self.get(action_id)
+        if not rec.status.terminal:
+            raise ConfigError(f"action {action_id} has not ended; DELETE cancels it first")
+        self._forget(action_id)
+        return rec
+
+    def _forget(self, action_id: str) -> None:
+        rec = self._records.pop(action_id, None)
+        if rec is None:
+            return
+        tid = rec.spec.trajectory_id
+        mine = self._by_trajectory.get(tid)
+        if mine is not None:
+            mine.discard(action_id)
+            if not mine:
+                del self._by_trajectory[tid]
+
+    async def end_trajectory(
+        self, trajectory_id: str, reason: str = "the trajectory ended"
+    ) -> TrajectoryEnded:
+        """Cancel the trajectory's unfinished actions; free its pins, memory, workspace and
+        the records of its actions."""
         live = sorted(self._live.get(trajectory_id, ()))
-        await asyncio.gather(*(self.cancel(a, "the trajectory ended") for a in live))
+        await asyncio.gather(*(self.cancel(a, reason) for a in live))
+        for aid in list(self._by_trajectory.get(trajectory_id, ())):
+            self._forget(aid)
+        self._activity.pop(trajectory_id, None)
         self.policy.end_trajectory(trajectory_id, self.clock.now())
         await asyncio.to_thread(self.processes.end_trajectory, trajectory_id)
         removed = await asyncio.to_thread(self.workspaces.remove, trajectory_id)
@@ -393,9 +429,31 @@ class ActionDriver:
             live.discard(rec.id)
             if not live:
                 del self._live[rec.spec.trajectory_id]
+        self._activity[rec.spec.trajectory_id] = self.clock.now()
         self._done.append(rec.id)
-        while len(self._done) > self.config.max_records:
-            self._records.pop(self._done.popleft(), None)
+        while len(self._done) > self.config.retain_max:
+            self._forget(self._done.popleft())
+
+    async def _housekeeping(self) -> None:
+        """Forget records past `retain_s`; end trajectories idle past `trajectory_idle_s`."""
+        period = min(max(min(self.config.retain_s, self.config.trajectory_idle_s) / 4, 0.05), 5.0)
+        while True:
+            await asyncio.sleep(period)
+            now = self.clock.now()
+            while self._done and (
+                (rec := self._records.get(self._done[0])) is None
+                or rec.finished is None
+                or now - rec.finished > self.config.retain_s
+            ):
+                self._forget(self._done.popleft())
+            idle = [
+                t
+                for t, at in self._activity.items()
+                if t not in self._live and now - at > self.config.trajectory_idle_s
+            ]
+            for tid in idle:
+                log.info("trajectory %s idle for %g s: ending it", tid, now - self._activity[tid])
+                await self.end_trajectory(tid, "the trajectory was idle")
 
     @property
     def records(self) -> Mapping[str, ActionRecord]:

@@ -32,6 +32,22 @@ def uvicorn_config(app: FastAPI, host: str, port: int, log_level: str = "info") 
     )
 
 
+class _Server(uvicorn.Server):
+    """uvicorn, but on shutdown the driver stops first: queued actions are cancelled, running
+    ones killed, and every open long-poll answers with its action's terminal record before
+    uvicorn waits for open requests (it would otherwise wait out their `wait_s`)."""
+
+    def __init__(self, config: uvicorn.Config, app: FastAPI) -> None:
+        super().__init__(config)
+        self._app = app
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        driver = getattr(self._app.state, "driver", None)
+        if driver is not None:
+            await driver.close()
+        await super().shutdown(sockets)
+
+
 def _bind(host: str, port: int) -> tuple[socket.socket, str]:
     """A listening TCP socket on `host:port` (0: a free port) and its URL."""
     # NOTE: proto must say TCP: asyncio sets TCP_NODELAY on accepted connections only then,
@@ -56,7 +72,7 @@ def serve(
         on_bound(url)
     port = int(url.rsplit(":", 1)[1])
     with sock:
-        uvicorn.Server(uvicorn_config(app, config.host, port, log_level)).run(sockets=[sock])
+        _Server(uvicorn_config(app, config.host, port, log_level), app).run(sockets=[sock])
 
 
 class BackgroundServer:
@@ -69,7 +85,7 @@ class BackgroundServer:
         self.app = create_app(config, trust_env=trust_env)
         self._sock, self.url = _bind(config.host, config.port)
         host, port = self.url.removeprefix("http://").rsplit(":", 1)
-        self._server = uvicorn.Server(uvicorn_config(self.app, host, int(port), log_level))
+        self._server = _Server(uvicorn_config(self.app, host, int(port), log_level), self.app)
         self._thread = threading.Thread(target=self._run, name="action-server", daemon=True)
         self._error: BaseException | None = None
 
