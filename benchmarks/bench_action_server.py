@@ -119,11 +119,13 @@ def _start_latency(args: argparse.Namespace) -> None:
     n = args.n or 200
     starts: dict[str, list[float]] = {}
     for sandbox in ("none", "bwrap"):
-        with tempfile.TemporaryDirectory(prefix="bench-actions-") as work:
-            with _Server(work, args.cores, sandbox) as server:
-                body = {"command": ["true"], "cpu": 1, "timeout_s": 60}
-                asyncio.run(_drive(server.url, 10, 1, body))  # warm up
-                views = asyncio.run(_drive(server.url, n, 1, body))
+        with (
+            tempfile.TemporaryDirectory(prefix="bench-actions-") as work,
+            _Server(work, args.cores, sandbox) as server,
+        ):
+            body = {"command": ["true"], "cpu": 1, "timeout_s": 60}
+            asyncio.run(_drive(server.url, 10, 1, body))  # warm up
+            views = asyncio.run(_drive(server.url, n, 1, body))
         bad = [v["status"] for v in views if v["status"] != "succeeded"]
         assert not bad, f"actions did not succeed under --sandbox {sandbox}: {bad}"
         starts[sandbox] = [v["overhead_s"] + v["exec_s"] for v in views]
@@ -149,15 +151,17 @@ def main() -> None:
         _start_latency(args)
         return
 
-    with tempfile.TemporaryDirectory(prefix="bench-actions-") as work:
-        with _Server(work, args.cores, args.sandbox) as server:
-            stats = httpx.get(f"{server.url}/v1/stats", trust_env=False).json()
-            cores = len(stats["cores"])
-            n = args.n or 8 * cores
-            body = {"command": _command(args.seconds, args.busy), "cpu": 1, "timeout_s": 60}
-            t0 = time.perf_counter()
-            views = asyncio.run(_drive(server.url, n, cores, body))
-            wall = time.perf_counter() - t0
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-actions-") as work,
+        _Server(work, args.cores, args.sandbox) as server,
+    ):
+        stats = httpx.get(f"{server.url}/v1/stats", trust_env=False).json()
+        cores = len(stats["cores"])
+        n = args.n or 8 * cores
+        body = {"command": _command(args.seconds, args.busy), "cpu": 1, "timeout_s": 60}
+        t0 = time.perf_counter()
+        views = asyncio.run(_drive(server.url, n, cores, body))
+        wall = time.perf_counter() - t0
 
     bad = [v["status"] for v in views if v["status"] != "succeeded"]
     assert not bad, f"actions did not succeed: {bad}"

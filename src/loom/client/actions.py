@@ -23,33 +23,27 @@ from typing import Any, Self
 
 import httpx
 
+from loom.client._http import ServiceError, checked
+
 __all__ = ["TERMINAL", "ActionClient", "ActionError", "AsyncActionClient"]
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled", "timed_out"})
 _POLL_S = 60.0  # the server's longest long-poll
 
 
-class ActionError(RuntimeError):
-    """The server refused or failed a request: `status` and its `message`."""
+class ActionError(ServiceError):
+    """The action server's error: `status` and what its `detail` says."""
 
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"{status}: {message}")
-        self.status = status
-        self.message = message
+
+def _detail(body: Any) -> str:
+    detail = body["detail"]
+    if isinstance(detail, list):  # validation errors: where and what
+        return "; ".join(f"{'.'.join(map(str, d.get('loc', [])))}: {d.get('msg')}" for d in detail)
+    return str(detail)
 
 
 def _check(resp: httpx.Response) -> Any:
-    if resp.status_code >= 400:
-        try:
-            detail = resp.json()["detail"]
-        except (ValueError, KeyError, TypeError):
-            detail = resp.text[:500]
-        if isinstance(detail, list):  # validation errors: where and what
-            detail = "; ".join(
-                f"{'.'.join(map(str, d.get('loc', [])))}: {d.get('msg')}" for d in detail
-            )
-        raise ActionError(resp.status_code, str(detail))
-    return resp.json()
+    return checked(resp, ActionError, _detail)
 
 
 def _body(trajectory_id: str, fields: dict[str, Any]) -> dict[str, Any]:

@@ -19,24 +19,17 @@ from typing import Any
 
 import httpx
 
+from loom.client._http import ServiceError, checked
+
 __all__ = ["RolloutClient", "RolloutError", "TrajectoryHandle"]
 
 
-class RolloutError(RuntimeError):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"{status}: {message}")
-        self.status = status
-        self.message = message
+class RolloutError(ServiceError):
+    """The router's error: `status` and the message of its OpenAI-shaped error body."""
 
 
 def _check(resp: httpx.Response) -> Any:
-    if resp.status_code >= 400:
-        try:
-            message = resp.json()["error"]["message"]
-        except (ValueError, KeyError, TypeError):
-            message = resp.text[:500]
-        raise RolloutError(resp.status_code, message)
-    return resp.json()
+    return checked(resp, RolloutError, lambda body: str(body["error"]["message"]))
 
 
 class RolloutClient:

@@ -161,10 +161,10 @@ class ActionServerConfig(_Settings):
     @model_validator(mode="after")
     def _unique_names(self) -> ActionServerConfig:
         if self.policy not in SERVER_POLICIES:
-            names = ", ".join(p.value for p in SERVER_POLICIES)
+            drivable = ", ".join(p.value for p in SERVER_POLICIES)
             raise ValueError(
                 f"policy {self.policy.value!r} runs only in the simulator; the server drives "
-                f"{names}"
+                f"{drivable}"
             )
         for what, names in (
             ("API quota", [a.name for a in self.api]),
