@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -11,12 +10,13 @@ import pytest
 from action_server_client import Client
 
 from loom.runtime.actions import ActionServerConfig, BackgroundServer
+from loom.runtime.actions.sandbox import bubblewrap_missing
 from loom.runtime.engine import INSTALL_HINT, EnginePool, engine_available
 from loom.runtime.engine.model import TinyModelSpec
 
 # The action server's default sandbox where this machine has it; tests of the sandbox itself
 # are marked to skip without it.
-SANDBOX = "bwrap" if shutil.which("bwrap") else "none"
+SANDBOX = "none" if bubblewrap_missing() else "bwrap"
 
 # An abort or a kill races the engine: it must land before the request finishes. With the tiny
 # model a token costs vLLM's engine core about as much CPU as its API server spends streaming

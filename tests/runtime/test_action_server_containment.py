@@ -8,7 +8,6 @@ from __future__ import annotations
 import itertools
 import os
 import random
-import shutil
 import signal
 import socket
 import subprocess
@@ -24,15 +23,15 @@ import pytest
 from action_server_client import Client, procs_with, wait_no_procs
 
 from loom.runtime.actions.cgroups import cgroups_missing
+from loom.runtime.actions.sandbox import bubblewrap_missing
 
 PY = sys.executable
-SANDBOX = "bwrap" if shutil.which("bwrap") else "none"
+SANDBOX = "none" if bubblewrap_missing() else "bwrap"
 CORES = sorted(os.sched_getaffinity(0))
 NO_CGROUPS = cgroups_missing()
 needs_cgroups = pytest.mark.skipif(NO_CGROUPS is not None, reason=f"no cgroups: {NO_CGROUPS}")
-needs_bwrap = pytest.mark.skipif(
-    shutil.which("bwrap") is None, reason="bubblewrap is not installed (apt-get install bubblewrap)"
-)
+NO_BWRAP = bubblewrap_missing()
+needs_bwrap = pytest.mark.skipif(NO_BWRAP is not None, reason=f"no sandbox: {NO_BWRAP}")
 pytestmark = needs_cgroups
 
 
@@ -106,7 +105,7 @@ def test_an_action_cannot_leave_its_cores(client: Client) -> None:
 def test_stats_say_how_actions_are_contained(client: Client) -> None:
     stats = client.http.get("/v1/stats").json()
     assert stats["cgroups"] in (1, 2)
-    assert stats["sandbox"] == ("bwrap" if shutil.which("bwrap") else "none")
+    assert stats["sandbox"] == SANDBOX
 
 
 # -- isolation ------------------------------------------------------------------------------

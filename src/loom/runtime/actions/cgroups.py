@@ -339,18 +339,13 @@ def _v2_base() -> tuple[Path | None, str]:
 
 
 def cgroups_missing() -> str | None:
-    """Why this process could not contain actions in cgroups (None: it can, as far as can be
-    seen without creating a group)."""
-    if os.geteuid() != 0:
-        return "the server does not run as root"
-    try:
-        bases, why1 = _v1_bases()
-        if bases is not None:
-            return None
-        base, why2 = _v2_base()
-    except OSError as exc:
-        return str(exc)
-    return None if base is not None else f"{why1}; {why2}"
+    """Why this process could not contain actions in cgroups (None: it can): the probe makes
+    and removes a group wherever the server would."""
+    cgroups, why = probe_cgroups()
+    if cgroups is None:
+        return why
+    cgroups.close()
+    return None
 
 
 def probe_cgroups(pids_max: int = 1024) -> tuple[Cgroups | None, str]:

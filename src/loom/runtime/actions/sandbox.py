@@ -13,7 +13,7 @@ from pathlib import Path
 
 from loom.core.errors import ConfigError
 
-__all__ = ["BWRAP_HINT", "Bubblewrap", "minimal_env", "probe_bubblewrap"]
+__all__ = ["BWRAP_HINT", "Bubblewrap", "bubblewrap_missing", "minimal_env", "probe_bubblewrap"]
 
 BWRAP_HINT = (
     "install bubblewrap (apt-get install bubblewrap) and allow it to create namespaces, "
@@ -64,6 +64,15 @@ class Bubblewrap:
         for key, value in env.items():
             args += ["--setenv", key, value]
         return [*args, "--", *command]
+
+
+def bubblewrap_missing() -> str | None:
+    """Why actions could not run under bubblewrap here (None: they can)."""
+    try:
+        probe_bubblewrap()
+    except ConfigError as exc:
+        return str(exc)
+    return None
 
 
 def probe_bubblewrap(hide: tuple[Path, ...] = ()) -> Bubblewrap:
