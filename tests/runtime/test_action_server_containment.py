@@ -94,6 +94,13 @@ def test_the_trajectory_memory_limit_spans_its_processes(client: Client) -> None
     assert int(v["stdout"]) <= 1, f"{v['stdout']} children held 400 MB under 0.5 GB"
 
 
+def test_a_trajectory_memory_limit_can_rise_and_fall(client: Client) -> None:
+    # v1 keeps memory+swap >= memory: a raise and a cut must write the two in opposite orders
+    for gb in (0.5, 1.0, 0.25):
+        v = client.run(trajectory_id="grow", command=["true"], memory_gb=gb)
+        assert v["status"] == "succeeded", (gb, v["error"])
+
+
 def test_an_action_cannot_leave_its_cores(client: Client) -> None:
     every = ",".join(map(str, CORES))
     script = f"taskset -pc {every} $$ >/dev/null 2>&1; grep Cpus_allowed_list /proc/self/status"

@@ -100,24 +100,26 @@ def _kill_procs(groups: list[Path], freezers: list[Path]) -> None:
     """SIGKILL every process in `groups` (and below). Freezing first (v1) stops a process
     from forking past the kill: a frozen group's members cannot run until they are thawed,
     and a SIGKILL takes them as they thaw."""
+    pids = _all_procs(groups)
+    if not pids:  # the common case, an action whose processes all exited: nothing to freeze
+        return
     for f in freezers:
         with contextlib.suppress(OSError):
             f.joinpath("freezer.state").write_text("FROZEN")
     deadline = time.monotonic() + _EMPTY_WAIT_S
-    while True:
-        pids = {p for g in groups for p in _procs(g)}
+    while pids and time.monotonic() <= deadline:
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         for f in freezers:
             with contextlib.suppress(OSError):
                 f.joinpath("freezer.state").write_text("THAWED")
-        if not pids or time.monotonic() > deadline:
-            return
         time.sleep(0.005)
-        pids = {p for g in groups for p in _procs(g)}
-        if not pids:
-            return
+        pids = _all_procs(groups)
+
+
+def _all_procs(groups: list[Path]) -> set[int]:
+    return {p for g in groups for p in _procs(g)}
 
 
 @dataclass
@@ -161,7 +163,7 @@ class Cgroups:
     root: str = field(default_factory=instance_name)
     pids_max: int = 1024
     _mems: str = "0"
-    _trajectories: set[str] = field(default_factory=set)
+    _limits: dict[str, int | None] = field(default_factory=dict)  # trajectory -> memory limit
 
     def __post_init__(self) -> None:
         self.reap_stale()
@@ -196,24 +198,34 @@ class Cgroups:
     # trajectories and actions ---------------------------------------------------------------
 
     def trajectory(self, trajectory_id: str, memory_bytes: int | None) -> None:
-        """Create (or update) the trajectory's memory group; `None`: no limit of its own."""
+        """Create (or update) the trajectory's memory group; `None`: no limit of its own.
+        Its limit is written only when it changes (this runs before every action)."""
         group = self._trajectory_dir(trajectory_id)
-        group.mkdir(exist_ok=True)
-        if self.version == 2 and trajectory_id not in self._trajectories:
-            self._enable(group)
-        self._trajectories.add(trajectory_id)
-        if memory_bytes is None:
+        if trajectory_id not in self._limits:
+            group.mkdir(exist_ok=True)
+            if self.version == 2:
+                self._enable(group)
+            self._limits[trajectory_id] = None
+        if memory_bytes is None or self._limits[trajectory_id] == memory_bytes:
             return
         if self.version == 1:
-            current = int((group / "memory.limit_in_bytes").read_text())
-            if current != memory_bytes:
-                _write(group / "memory.limit_in_bytes", str(memory_bytes))
-                with contextlib.suppress(CgroupError, FileNotFoundError):  # no swap accounting
-                    _write(group / "memory.memsw.limit_in_bytes", str(memory_bytes))
+            # memory+swap may never be below memory: a raise writes memsw first, a cut (the
+            # first limit cuts from unlimited) writes it last
+            previous = self._limits[trajectory_id]
+            files = ["memory.limit_in_bytes", "memory.memsw.limit_in_bytes"]
+            if previous is not None and memory_bytes > previous:
+                files.reverse()
+            for name in files:
+                if name == "memory.memsw.limit_in_bytes":
+                    with contextlib.suppress(CgroupError, FileNotFoundError):  # no swap accounting
+                        _write(group / name, str(memory_bytes))
+                else:
+                    _write(group / name, str(memory_bytes))
         else:
             _write(group / "memory.max", str(memory_bytes))
             with contextlib.suppress(CgroupError, FileNotFoundError):
                 _write(group / "memory.swap.max", "0")
+        self._limits[trajectory_id] = memory_bytes
 
     def action(
         self, trajectory_id: str, action_id: str, cores: tuple[int, ...], memory_bytes: int | None
@@ -240,7 +252,7 @@ class Cgroups:
 
     def end_trajectory(self, trajectory_id: str) -> None:
         """Kill whatever still runs in the trajectory's groups and remove them."""
-        self._trajectories.discard(trajectory_id)
+        self._limits.pop(trajectory_id, None)
         group = self._trajectory_dir(trajectory_id)
         _kill_procs([group], [])
         with contextlib.suppress(OSError):
