@@ -267,16 +267,21 @@ class ActionDriver:
             trajectory_id=trajectory_id, cancelled=live, workspace_removed=removed
         )
 
-    def metrics_text(self) -> bytes:
-        """Prometheus' text format: queue, running, busy cores, ACT by kind, failures."""
-        queued = sum(r.status is ActionStatus.QUEUED for r in self._records.values())
-        running = sum(r.status is ActionStatus.RUNNING for r in self._records.values())
-        return self.metrics.render(queued, running, len(self._claims.busy_cores))
-
-    def stats(self) -> ServerStats:
+    def _counts(self) -> dict[ActionStatus, int]:
         counts = {s: 0 for s in ActionStatus}
         for r in self._records.values():
             counts[r.status] += 1
+        return counts
+
+    def metrics_text(self) -> bytes:
+        """Prometheus' text format: queue, running, busy cores, ACT by kind, failures."""
+        counts = self._counts()
+        return self.metrics.render(
+            counts[ActionStatus.QUEUED], counts[ActionStatus.RUNNING], len(self._claims.busy_cores)
+        )
+
+    def stats(self) -> ServerStats:
+        counts = self._counts()
         api = {
             key.removeprefix("api:"): {
                 "concurrency": lim.concurrency,
@@ -310,7 +315,7 @@ class ActionDriver:
     # -- checks the managers cannot make ---------------------------------------------------
     def _check(self, request: ActionRequest) -> None:
         if request.network and not self.config.network:
-            raise ConfigError("this server refuses actions the network (started with --no-network)")
+            raise ConfigError("this server gives actions no network (started with --no-network)")
         if request.command is not None:
             least = request.cpu.min if isinstance(request.cpu, CpuRange) else request.cpu
             if least > self.node.num_cores:

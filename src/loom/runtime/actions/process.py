@@ -91,10 +91,9 @@ def _after_spawn(pid: int, cores: frozenset[int]) -> None:
         resource.prlimit(pid, resource.RLIMIT_CORE, (0, 0))
 
 
-def _missing(argv: list[str], cwd: Path, env: dict[str, str]) -> str | None:
-    """Why `argv[0]` cannot be run, checked before spawning: once wrapped in a shell and a
-    sandbox, a missing program would be only an exit code."""
-    prog = argv[0]
+def _missing(prog: str, cwd: Path, env: dict[str, str]) -> str | None:
+    """Why program `prog` cannot be run, checked before spawning: once wrapped in a shell and
+    a sandbox, a missing program would be only an exit code."""
     if "/" in prog:
         path = cwd / prog
         if not path.exists():
@@ -193,16 +192,16 @@ class ProcessExecutor:
         except (CgroupError, OSError) as exc:
             return Outcome(status=ActionStatus.FAILED, error=f"cannot contain the action: {exc}")
         try:
-            return await self._run(ctx, group)
+            return await self._run(ctx, argv[0], group)
         finally:
             if group is not None:
                 await asyncio.to_thread(group.remove)
 
-    async def _run(self, ctx: ExecContext, group: ActionGroup | None) -> Outcome:
+    async def _run(self, ctx: ExecContext, prog: str, group: ActionGroup | None) -> Outcome:
         mem = ctx.request.memory_gb
         pinned = frozenset(ctx.start.cores)
         env = self._env(ctx)
-        if (missing := _missing(ctx.request.command or [""], ctx.workspace, env)) is not None:
+        if (missing := _missing(prog, ctx.workspace, env)) is not None:
             return Outcome(status=ActionStatus.FAILED, error=missing)
         argv = self._argv(ctx, env, group)
         if self._home is None:

@@ -48,15 +48,15 @@ class _Server(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def _bind(host: str, port: int) -> tuple[socket.socket, str]:
-    """A listening TCP socket on `host:port` (0: a free port) and its URL."""
+def _bind(host: str, port: int) -> tuple[socket.socket, str, int]:
+    """A TCP socket bound to `host:port` (0: a free port), and the host and port it got."""
     # NOTE: proto must say TCP: asyncio sets TCP_NODELAY on accepted connections only then,
     # and without it keep-alive responses wait ~40 ms for a delayed ACK.
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     bound_host, bound_port = sock.getsockname()[:2]
-    return sock, f"http://{bound_host}:{bound_port}"
+    return sock, bound_host, bound_port
 
 
 def serve(
@@ -67,12 +67,11 @@ def serve(
     """Serve until interrupted (SIGINT/SIGTERM); every action ends before it returns.
     `on_bound(url)` is told the address once the socket is bound (`port` 0 picks one)."""
     app = create_app(config)
-    sock, url = _bind(config.host, config.port)
+    sock, host, port = _bind(config.host, config.port)
     if on_bound is not None:
-        on_bound(url)
-    port = int(url.rsplit(":", 1)[1])
+        on_bound(f"http://{host}:{port}")
     with sock:
-        _Server(uvicorn_config(app, config.host, port, log_level), app).run(sockets=[sock])
+        _Server(uvicorn_config(app, host, port, log_level), app).run(sockets=[sock])
 
 
 class BackgroundServer:
@@ -83,9 +82,9 @@ class BackgroundServer:
         self, config: ActionServerConfig, *, trust_env: bool = True, log_level: str = "warning"
     ) -> None:
         self.app = create_app(config, trust_env=trust_env)
-        self._sock, self.url = _bind(config.host, config.port)
-        host, port = self.url.removeprefix("http://").rsplit(":", 1)
-        self._server = _Server(uvicorn_config(self.app, host, int(port), log_level), self.app)
+        self._sock, host, port = _bind(config.host, config.port)
+        self.url = f"http://{host}:{port}"
+        self._server = _Server(uvicorn_config(self.app, host, port, log_level), self.app)
         self._thread = threading.Thread(target=self._run, name="action-server", daemon=True)
         self._error: BaseException | None = None
 
