@@ -3,6 +3,7 @@ computes the paper's headline ratios, and `loom reproduce tangram --quick` end t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -14,6 +15,7 @@ from loom.cli import app
 from loom.experiments import tangram
 from loom.experiments.tangram import TangramScale
 from loom.experiments.tangram_cases import REWARD_TRACE, Case, run_case
+from loom.sim.workloads.actions import CodingParams
 
 TINY = TangramScale(
     cpu_nodes=1,
@@ -46,6 +48,24 @@ def test_every_case_runs(workload: str, policy: P) -> None:
     res = run_case(case)
     assert res.actions and all(a.status.terminal for a in res.actions)
     assert case.components()
+
+
+def test_a_case_runs_the_coding_parameters_it_names() -> None:
+    """The calibration (benchmarks/calibrate_tangram_coding.py) varies `Case.coding`: the
+    batch, the reward trace and the k8s pods must all follow it."""
+    slow_llm = CodingParams(llm_median_s=40.0, env_actions_median=2.0)
+    fast_llm = dataclasses.replace(slow_llm, llm_median_s=1.0)
+
+    def llm_s(params: CodingParams, workload: str = "coding", policy: P = P.TANGRAM) -> float:
+        case = Case(
+            workload=workload, policy=policy, batch_size=6, seed=3, cpu_nodes=1, coding=params
+        )
+        res = run_case(case)
+        return sum(t.llm_s for t in res.trajectories)
+
+    assert llm_s(slow_llm) > 10 * llm_s(fast_llm)
+    assert llm_s(slow_llm, policy=P.K8S) > 10 * llm_s(fast_llm, policy=P.K8S)
+    assert llm_s(slow_llm, REWARD_TRACE, P.DOP4) > 10 * llm_s(fast_llm, REWARD_TRACE, P.DOP4)
 
 
 def test_records_follow_the_contract() -> None:

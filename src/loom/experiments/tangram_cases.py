@@ -72,6 +72,7 @@ class Case:
     gpus: int = 40
     rl_steps: int = 1
     api: str = field(default="baseline")
+    coding: CodingParams = field(default=CODING)  # the AI-coding workload's parameters
 
     @property
     def cpu_cores(self) -> int:
@@ -116,13 +117,13 @@ def testbed(case: Case) -> Testbed:
     raise ConfigError(f"unknown action workload {wl!r}")
 
 
-Batch = Callable[[int, int, int], list[TrajectoryPlan]]
+Batch = Callable[[int, int, int, CodingParams], list[TrajectoryPlan]]
 BATCHES: dict[str, Batch] = {
-    ActionWorkloadKind.CODING.value: lambda b, s, k: coding_batch(b, s, k, CODING),
-    REWARD_TRACE: lambda b, s, k: reward_trace_batch(b, s, k, CODING),
-    ActionWorkloadKind.DEEPSEARCH.value: lambda b, s, k: deepsearch_batch(b, s, k),
-    ActionWorkloadKind.MOPD.value: lambda b, s, k: mopd_batch(b, s, k),
-    ActionWorkloadKind.MOPD_SEARCH.value: lambda b, s, k: mopd_search_batch(b, s, k),
+    ActionWorkloadKind.CODING.value: lambda b, s, k, c: coding_batch(b, s, k, c),
+    REWARD_TRACE: lambda b, s, k, c: reward_trace_batch(b, s, k, c),
+    ActionWorkloadKind.DEEPSEARCH.value: lambda b, s, k, c: deepsearch_batch(b, s, k),
+    ActionWorkloadKind.MOPD.value: lambda b, s, k, c: mopd_batch(b, s, k),
+    ActionWorkloadKind.MOPD_SEARCH.value: lambda b, s, k, c: mopd_search_batch(b, s, k),
 }
 
 
@@ -133,7 +134,7 @@ def build_policy(case: Case, bed: Testbed) -> ActionPolicy:
     if kind in ELASTIC:
         return make(managers)
     if kind == ActionPolicyKind.K8S:
-        return make(managers, config=KubeConfig(pod_memory_gb=float(CODING.memory_gb)))
+        return make(managers, config=KubeConfig(pod_memory_gb=float(case.coding.memory_gb)))
     if kind == ActionPolicyKind.INDEPENDENT_API:
         judge = ACTION_POLICIES.get(ActionPolicyKind.SGLANG_STATIC)(
             managers,
@@ -154,5 +155,5 @@ def build_policy(case: Case, bed: Testbed) -> ActionPolicy:
 def run_case(case: Case) -> SimResult:
     bed = testbed(case)
     make_batch = BATCHES[case.workload]
-    batches = [make_batch(case.batch_size, case.seed, k) for k in range(case.rl_steps)]
+    batches = [make_batch(case.batch_size, case.seed, k, case.coding) for k in range(case.rl_steps)]
     return ActionSimulator(build_policy(case, bed), bed, batches).run()
