@@ -347,6 +347,20 @@ def _v2_base() -> tuple[Path | None, str]:
     missing = [c for c in V2_CONTROLLERS if c not in available]
     if missing:
         return None, f"cgroup v2 at {base} does not offer {', '.join(missing)}"
+    # The instance's groups below `base` see only the controllers `base` delegates. v2 lets a
+    # group delegate only while no process sits in it (the root excepted), so a server that
+    # shares its cgroup with others (a login shell, a service's main process) cannot.
+    enabled = set((base / "cgroup.subtree_control").read_text().split())
+    need = [c for c in V2_CONTROLLERS if c not in enabled]
+    if need:
+        try:
+            _write(base / "cgroup.subtree_control", " ".join(f"+{c}" for c in need))
+        except CgroupError as exc:
+            return None, (
+                f"cgroup v2: cannot delegate {', '.join(need)} below {base} ({exc}); run the "
+                "server in a cgroup of its own with them delegated, e.g. `systemd-run --scope "
+                "-p Delegate=yes loom serve actions ...`"
+            )
     return base, ""
 
 
