@@ -27,6 +27,12 @@ SANDBOX = "none" if bubblewrap_missing() else "bwrap"
 HEAVY_MODEL = TinyModelSpec(hidden_size=1024, intermediate_size=4096, num_heads=16, num_kv_heads=16)
 
 
+@pytest.fixture(scope="session")
+def heavy_model() -> TinyModelSpec:
+    """`HEAVY_MODEL`, for a test module that starts engines of its own."""
+    return HEAVY_MODEL
+
+
 @pytest.fixture
 def make_client(tmp_path: Path) -> Iterator[Callable[..., Client]]:
     """Start a server (config fields as keyword arguments) and a client for it. On teardown

@@ -12,6 +12,7 @@ import pytest
 from engine_http import PROMPT, Background, abort, client, completion
 
 from loom.runtime.engine import INSTALL_HINT, EngineProcess, engine_available
+from loom.runtime.engine.model import TinyModelSpec
 
 pytestmark = [
     pytest.mark.engine,
@@ -24,13 +25,19 @@ pytestmark = [
 # new request in the waiting queue until `POST /resume`, and `/load` (with
 # --enable-server-load-tracking) counts the requests the server holds, so the test knows they
 # arrived. On two loaded cores a /metrics call can stall for seconds; no gauge is polled.
-GEN = 600  # tokens each: seconds apart at the end, whatever the delivery jitter
+# The engine runs the heavy model: with the tiny one a token costs the engine core about what
+# the API server spends on it, a starved API server fell seconds behind, and both answers left
+# it together when it caught up (CI saw them 3 ms apart, in either order).
+GEN = 600  # tokens each: ~7 s apart at the end on the heavy model
 
 
 @pytest.fixture(scope="module")
-def engine() -> Iterator[EngineProcess]:
+def engine(heavy_model: TinyModelSpec) -> Iterator[EngineProcess]:
     with EngineProcess.start(
-        priority=True, max_running=1, extra_args=("--enable-server-load-tracking",)
+        priority=True,
+        max_running=1,
+        model_spec=heavy_model,
+        extra_args=("--enable-server-load-tracking",),
     ) as eng:
         yield eng
 
