@@ -1,5 +1,6 @@
 """ROSE (seed 002): rollouts on lent serving GPUs. The co-serving executor's policies: memory
-sharing of one KV page pool (`memory`) and dual-SLO admission (`admission`)."""
+sharing of one KV page pool (`memory`) and dual-SLO admission (`admission`); the elastic
+rollout scheduler over dedicated and lent workers (`scheduler`)."""
 
 from loom.rollout.rose.admission import (
     ADMISSION_POLICIES,
@@ -13,17 +14,29 @@ from loom.rollout.rose.admission import (
     ttft_slack_s,
 )
 from loom.rollout.rose.memory import PAGE_BYTES, Cut, MemoryConfig, MemorySharing, pages_for
+from loom.rollout.rose.scheduler import (
+    ROSE_ROUTERS,
+    ElasticRouter,
+    RoseWorkerView,
+    RoutingKind,
+    WorkerKind,
+)
 
 __all__ = [
     "ADMISSION_POLICIES",
     "PAGE_BYTES",
+    "ROSE_ROUTERS",
     "AdmissionKind",
     "Cut",
+    "ElasticRouter",
     "MemoryConfig",
     "MemorySharing",
     "Role",
+    "RoseWorkerView",
+    "RoutingKind",
     "ServingSlo",
     "StallWatch",
+    "WorkerKind",
     "admits",
     "pages_for",
     "slack_s",
