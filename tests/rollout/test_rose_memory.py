@@ -166,6 +166,13 @@ class SharingMachine(RuleBasedStateMachine):
         self.live.discard(r)
 
     @invariant()
+    def counters_match_the_holdings(self) -> None:
+        held = sum(self.m.running.values()) + sum(p for p, _ in self.m.leased.values())
+        assert self.m.rollout == held
+        expiries = [until for _, until in self.m.leased.values()]
+        assert expiries == sorted(expiries), "leases must expire oldest first"
+
+    @invariant()
     def never_over_the_pool(self) -> None:
         assert self.m.serving + self.m.rollout <= self.m.cfg.pool_pages
 

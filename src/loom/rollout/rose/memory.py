@@ -105,6 +105,8 @@ class MemorySharing:
         self.serving = 0  # pages serving holds now
         self.running: OrderedDict[int, int] = OrderedDict()  # request -> pages, by admission
         self.leased: OrderedDict[int, tuple[int, float]] = OrderedDict()  # traj -> (pages, expiry)
+        self._running_pages = 0
+        self._leased_pages = 0
         self.budget = 0
         self.step = -1
         self.pressure = False
@@ -116,7 +118,7 @@ class MemorySharing:
     # ---- views ---------------------------------------------------------------------------
     @property
     def rollout(self) -> int:
-        return sum(self.running.values()) + sum(p for p, _ in self.leased.values())
+        return self._running_pages + self._leased_pages
 
     @property
     def free(self) -> int:
@@ -186,7 +188,9 @@ class MemorySharing:
             return False
         if reuse:
             del self.leased[traj_id]  # type: ignore[arg-type]
+            self._leased_pages -= reuse
         self.running[request] = pages
+        self._running_pages += pages
         return True
 
     def grow(self, request: int, pages: int) -> bool:
@@ -196,29 +200,42 @@ class MemorySharing:
         if not self.room(pages):
             return False
         self.running[request] += pages
+        self._running_pages += pages
         return True
 
     def finish(self, request: int, traj_id: int, now: float, keep: bool = True) -> None:
         """The request's turn ended: its pages become `traj_id`'s prefix, leased until
         now + L (dropped instead when `keep` is False or the lease is zero)."""
         pages = self.running.pop(request)
-        self.leased.pop(traj_id, None)
+        self._running_pages -= pages
+        old = self.leased.pop(traj_id, None)
+        if old is not None:
+            self._leased_pages -= old[0]
         if keep and self.cfg.lease_s > 0 and pages:
             self.leased[traj_id] = (pages, now + self.cfg.lease_s)
+            self._leased_pages += pages
 
     def release(self, request: int) -> int:
         """Drop a running request without keeping its prefix (aborted elsewhere, stalled)."""
-        return self.running.pop(request, 0)
+        pages = self.running.pop(request, 0)
+        self._running_pages -= pages
+        return pages
 
     def expire(self, now: float) -> tuple[int, ...]:
-        """Drop the prefixes whose lease ran out."""
-        gone = tuple(t for t, (_, until) in self.leased.items() if until <= now)
-        for t in gone:
+        """Drop the prefixes whose lease ran out. Leases all last L and enter in the order
+        their turns finished, so they expire oldest first."""
+        gone = []
+        while self.leased:
+            t, (pages, until) = next(iter(self.leased.items()))
+            if until > now:
+                break
             del self.leased[t]
-        return gone
+            self._leased_pages -= pages
+            gone.append(t)
+        return tuple(gone)
 
     def next_expiry(self) -> float | None:
-        return min((until for _, until in self.leased.values()), default=None)
+        return next(iter(self.leased.values()))[1] if self.leased else None
 
     # ---- internals -----------------------------------------------------------------------
     def _reclaim(self, target: int) -> Cut:
@@ -227,10 +244,12 @@ class MemorySharing:
         dropped: list[int] = []
         aborted: list[int] = []
         while self.rollout > target and self.leased:
-            t, _ = self.leased.popitem(last=False)
+            t, (pages, _) = self.leased.popitem(last=False)
+            self._leased_pages -= pages
             dropped.append(t)
         while self.rollout > target and self.running:
-            r, _ = self.running.popitem(last=True)
+            r, pages = self.running.popitem(last=True)
+            self._running_pages -= pages
             aborted.append(r)
         self.aborted += len(aborted)
         assert self.serving + self.rollout <= self.cfg.pool_pages, "page pool over-committed"
