@@ -1,6 +1,7 @@
 """ROSE (seed 002): rollouts on lent serving GPUs. The co-serving executor's policies: memory
 sharing of one KV page pool (`memory`) and dual-SLO admission (`admission`); the elastic
-rollout scheduler over dedicated and lent workers (`scheduler`)."""
+rollout scheduler over dedicated and lent workers (`scheduler`); which serving instances a job
+borrows (`selection`)."""
 
 from loom.rollout.rose.admission import (
     ADMISSION_POLICIES,
@@ -21,14 +22,17 @@ from loom.rollout.rose.scheduler import (
     RoutingKind,
     WorkerKind,
 )
+from loom.rollout.rose.selection import ACTIVATION_S, Lending, UsageSample
 
 __all__ = [
+    "ACTIVATION_S",
     "ADMISSION_POLICIES",
     "PAGE_BYTES",
     "ROSE_ROUTERS",
     "AdmissionKind",
     "Cut",
     "ElasticRouter",
+    "Lending",
     "MemoryConfig",
     "MemorySharing",
     "Role",
@@ -36,6 +40,7 @@ __all__ = [
     "RoutingKind",
     "ServingSlo",
     "StallWatch",
+    "UsageSample",
     "WorkerKind",
     "admits",
     "pages_for",
