@@ -113,34 +113,34 @@ def test_a_multi_turn_trajectory_through_the_openai_api(router: httpx.Client) ->
     assert {e["kind"] for e in stats["engines"].values()} == {"vllm"}
 
 
-@pytest.mark.parametrize(
-    "router",
-    [{"engines": 1, "max_running": 1, "placement": "least_load", "scheduler": "pps"}],
-    indirect=True,
-)
 def test_preemption_on_vllm_resumes_with_exactly_the_missing_tokens(
-    router: httpx.Client, engines: list[EngineProcess]
+    heavy_engines: list[EngineProcess],
 ) -> None:
-    first = _complete(router, "long", [1, 2, 3, 4], 4)["choices"][0]["token_ids"]
-    prompt = [1, 2, 3, 4, *first, 5]
-    out: dict = {}
-    worker = threading.Thread(target=lambda: out.update(_complete(router, "long", prompt, 3000)))
-    worker.start()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:  # wait until the long turn is decoding
-        if router.get("/v1/stats").json()["engines"]["e0"]["tokens"] >= 4 + 20:
-            break
-        time.sleep(0.05)
-    fresh = _complete(router, "fresh", [9, 9, 9], 6)  # on its first step: outranks under PPS
-    worker.join(300)
-    stats = router.get("/v1/stats").json()
-    assert stats["policy"]["preemptions"] >= 1
-    assert fresh["usage"]["completion_tokens"] == 6
-    choice = out["choices"][0]
-    assert choice["finish_reason"] == "length" and len(choice["token_ids"]) == 3000
-    assert choice["token_ids"] == _reference(engines[0], prompt, 3000)
-    for key in ("long", "fresh"):
-        router.post(f"/v1/trajectories/{key}/end")
+    """On the heavy model (11 ms a token): with the tiny one a loaded machine let the long turn
+    finish before the fresh one arrived, and nothing was preempted."""
+    settings = {"engines": 1, "max_running": 1, "placement": "least_load", "scheduler": "pps"}
+    n = 1200
+    with _serve(heavy_engines, settings) as router:
+        first = _complete(router, "long", [1, 2, 3, 4], 4)["choices"][0]["token_ids"]
+        prompt = [1, 2, 3, 4, *first, 5]
+        out: dict = {}
+        worker = threading.Thread(target=lambda: out.update(_complete(router, "long", prompt, n)))
+        worker.start()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # wait until the long turn is decoding
+            if router.get("/v1/stats").json()["engines"]["e0"]["tokens"] >= 4 + 20:
+                break
+            time.sleep(0.05)
+        fresh = _complete(router, "fresh", [9, 9, 9], 6)  # on its first step: outranks under PPS
+        worker.join(300)
+        stats = router.get("/v1/stats").json()
+        assert stats["policy"]["preemptions"] >= 1
+        assert fresh["usage"]["completion_tokens"] == 6
+        choice = out["choices"][0]
+        assert choice["finish_reason"] == "length" and len(choice["token_ids"]) == n
+        assert choice["token_ids"] == _reference(heavy_engines[0], prompt, n)
+        for key in ("long", "fresh"):
+            router.post(f"/v1/trajectories/{key}/end")
 
 
 def test_a_turn_survives_its_vllm_engine_being_killed(
