@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 from collections.abc import AsyncIterator
 from typing import Annotated
 
@@ -12,7 +11,6 @@ from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from loom import __version__
 from loom.core.errors import ConfigError
@@ -27,8 +25,10 @@ from loom.runtime.actions.schemas import (
     StatusName,
     TrajectoryEnded,
 )
+from loom.runtime.service import BearerToken, BodyLimit, malformed_request
 
-__all__ = ["create_app"]
+# BearerToken and BodyLimit moved to loom.runtime.service; still importable from here
+__all__ = ["BearerToken", "BodyLimit", "create_app"]
 
 MAX_WAIT_S = 60.0
 
@@ -77,75 +77,6 @@ def create_app(config: ActionServerConfig | None = None, *, trust_env: bool = Tr
     return app
 
 
-class BodyLimit:
-    """ASGI middleware: a request body over `max_bytes` is a 413, whether its Content-Length
-    says so up front or a chunked body grows past it."""
-
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-
-    def _too_large(self) -> JSONResponse:
-        return JSONResponse(
-            status_code=413,
-            content={"detail": f"request body over {self.max_bytes} bytes (--max-body-bytes)"},
-        )
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._too_large()(scope, receive, send)
-            return
-        seen = 0
-        refused = False
-
-        async def counted() -> Message:
-            nonlocal seen, refused
-            message = await receive()
-            if message["type"] == "http.request" and not refused:
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    # NOTE: answered here, as the body grows: an exception would reach
-                    # FastAPI's body parsing, which turns any error into a 400
-                    refused = True
-                    await self._too_large()(scope, receive, send)
-                    return {"type": "http.disconnect"}
-            return message
-
-        async def guarded(message: Message) -> None:
-            if not refused:  # the app's own answer, after ours, goes nowhere
-                await send(message)
-
-        await self.app(scope, counted, guarded)
-
-
-class BearerToken:
-    """ASGI middleware: every HTTP request but `/healthz` must carry `Authorization: Bearer
-    <token>` (401 otherwise). Compared in constant time."""
-
-    def __init__(self, app: ASGIApp, token: str) -> None:
-        self.app = app
-        self._expected = f"Bearer {token}".encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] != "/healthz":
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self._expected):
-                response = JSONResponse(
-                    status_code=401,
-                    content={
-                        "detail": "missing or wrong token: send Authorization: Bearer <token>"
-                    },
-                    headers={"WWW-Authenticate": "Bearer"},
-                )
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
 def _add_error_handlers(app: FastAPI) -> None:
     async def invalid(request: Request, exc: Exception) -> JSONResponse:
         return JSONResponse(status_code=422, content={"detail": str(exc)})
@@ -156,17 +87,7 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def closing(request: Request, exc: Exception) -> JSONResponse:
         return JSONResponse(status_code=503, content={"detail": str(exc)})
 
-    async def malformed(request: Request, exc: Exception) -> JSONResponse:
-        # NOTE: FastAPI's own handler echoes each bad input, and a NaN or an infinity echoed
-        # is not JSON: the response fails and the connection drops. Say what was wrong only.
-        assert isinstance(exc, RequestValidationError)
-        detail = [
-            {"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": e.get("type")}
-            for e in exc.errors()
-        ]
-        return JSONResponse(status_code=422, content={"detail": detail})
-
-    app.add_exception_handler(RequestValidationError, malformed)
+    app.add_exception_handler(RequestValidationError, malformed_request)
     app.add_exception_handler(ConfigError, invalid)
     app.add_exception_handler(UnknownActionError, unknown)
     app.add_exception_handler(ServerClosingError, closing)

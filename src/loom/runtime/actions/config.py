@@ -3,7 +3,6 @@ its GPU nodes and services; loadable from a TOML or JSON file."""
 
 from __future__ import annotations
 
-import ipaddress
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -12,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from loom.actions.policy import ActionPolicyKind
 from loom.core.settings import load_settings, override
+from loom.runtime.service import is_loopback
 
 __all__ = [
     "ActionServerConfig",
@@ -34,13 +34,7 @@ SERVER_POLICIES = (
 )
 
 
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a host name: it may resolve anywhere
-        return False
+_loopback = is_loopback  # moved to loom.runtime.service
 
 
 Name = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]

@@ -14,22 +14,11 @@ from fastapi import FastAPI
 
 from loom.runtime.actions.app import create_app
 from loom.runtime.actions.config import ActionServerConfig
+from loom.runtime.service import GRACEFUL_S, bind, run_app, uvicorn_config
 
-__all__ = ["BackgroundServer", "serve", "uvicorn_config"]
+__all__ = ["GRACEFUL_S", "BackgroundServer", "serve", "uvicorn_config"]
 
-GRACEFUL_S = 5.0  # long-polls get this long to finish when the server stops
-
-
-def uvicorn_config(app: FastAPI, host: str, port: int, log_level: str = "info") -> uvicorn.Config:
-    return uvicorn.Config(
-        app,
-        host=host,
-        port=port,
-        log_level=log_level,
-        lifespan="on",
-        ws="none",
-        timeout_graceful_shutdown=int(GRACEFUL_S),
-    )
+_bind = bind  # moved to loom.runtime.service
 
 
 class _Server(uvicorn.Server):
@@ -48,17 +37,6 @@ class _Server(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def _bind(host: str, port: int) -> tuple[socket.socket, str, int]:
-    """A TCP socket bound to `host:port` (0: a free port), and the host and port it got."""
-    # NOTE: proto must say TCP: asyncio sets TCP_NODELAY on accepted connections only then,
-    # and without it keep-alive responses wait ~40 ms for a delayed ACK.
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    bound_host, bound_port = sock.getsockname()[:2]
-    return sock, bound_host, bound_port
-
-
 def serve(
     config: ActionServerConfig,
     log_level: str = "info",
@@ -67,11 +45,14 @@ def serve(
     """Serve until interrupted (SIGINT/SIGTERM); every action ends before it returns.
     `on_bound(url)` is told the address once the socket is bound (`port` 0 picks one)."""
     app = create_app(config)
-    sock, host, port = _bind(config.host, config.port)
-    if on_bound is not None:
-        on_bound(f"http://{host}:{port}")
-    with sock:
-        _Server(uvicorn_config(app, host, port, log_level), app).run(sockets=[sock])
+    run_app(
+        app,
+        config.host,
+        config.port,
+        log_level=log_level,
+        on_bound=on_bound,
+        server=lambda cfg: _Server(cfg, app),
+    )
 
 
 class BackgroundServer:
@@ -82,7 +63,7 @@ class BackgroundServer:
         self, config: ActionServerConfig, *, trust_env: bool = True, log_level: str = "warning"
     ) -> None:
         self.app = create_app(config, trust_env=trust_env)
-        self._sock, host, port = _bind(config.host, config.port)
+        self._sock, host, port = bind(config.host, config.port)
         self.url = f"http://{host}:{port}"
         self._server = _Server(uvicorn_config(self.app, host, port, log_level), self.app)
         self._thread = threading.Thread(target=self._run, name="action-server", daemon=True)

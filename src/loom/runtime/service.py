@@ -1,0 +1,163 @@
+"""What Loom's FastAPI services share: the loopback rule, a bearer token and a body limit as
+ASGI middleware, a 422 handler that never echoes bad input, and running the app under uvicorn
+on a socket bound first (so `--port 0` can say which port it got)."""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import socket
+from collections.abc import Callable
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+__all__ = [
+    "GRACEFUL_S",
+    "BearerToken",
+    "BodyLimit",
+    "bind",
+    "is_loopback",
+    "malformed_request",
+    "run_app",
+    "uvicorn_config",
+]
+
+GRACEFUL_S = 5.0  # open requests get this long to finish when a server stops
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding `host` keeps a service on this machine (a host name may resolve
+    anywhere, so only `localhost` and loopback addresses count)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over `max_bytes` is a 413, whether its Content-Length
+    says so up front or a chunked body grows past it. `hint` names the setting to raise."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int, hint: str = "--max-body-bytes") -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+        self.hint = hint
+
+    def _too_large(self) -> JSONResponse:
+        return JSONResponse(
+            status_code=413,
+            content={"detail": f"request body over {self.max_bytes} bytes ({self.hint})"},
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self._too_large()(scope, receive, send)
+            return
+        seen = 0
+        refused = False
+
+        async def counted() -> Message:
+            nonlocal seen, refused
+            message = await receive()
+            if message["type"] == "http.request" and not refused:
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    # NOTE: answered here, as the body grows: an exception would reach
+                    # FastAPI's body parsing, which turns any error into a 400
+                    refused = True
+                    await self._too_large()(scope, receive, send)
+                    return {"type": "http.disconnect"}
+            return message
+
+        async def guarded(message: Message) -> None:
+            if not refused:  # the app's own answer, after ours, goes nowhere
+                await send(message)
+
+        await self.app(scope, counted, guarded)
+
+
+class BearerToken:
+    """ASGI middleware: every HTTP request but `/healthz` must carry `Authorization: Bearer
+    <token>` (401 otherwise). Compared in constant time."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self._expected = f"Bearer {token}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] != "/healthz":
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self._expected):
+                response = JSONResponse(
+                    status_code=401,
+                    content={
+                        "detail": "missing or wrong token: send Authorization: Bearer <token>"
+                    },
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+async def malformed_request(request: Request, exc: Exception) -> JSONResponse:
+    """422 for a request FastAPI could not validate: where and what, never the bad value."""
+    # NOTE: FastAPI's own handler echoes each bad input, and a NaN or an infinity echoed
+    # is not JSON: the response fails and the connection drops. Say what was wrong only.
+    assert isinstance(exc, RequestValidationError)
+    detail = [
+        {"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": e.get("type")}
+        for e in exc.errors()
+    ]
+    return JSONResponse(status_code=422, content={"detail": detail})
+
+
+def uvicorn_config(app: FastAPI, host: str, port: int, log_level: str = "info") -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        lifespan="on",
+        ws="none",
+        timeout_graceful_shutdown=int(GRACEFUL_S),
+    )
+
+
+def bind(host: str, port: int) -> tuple[socket.socket, str, int]:
+    """A TCP socket bound to `host:port` (0: a free port), and the host and port it got."""
+    # NOTE: proto must say TCP: asyncio sets TCP_NODELAY on accepted connections only then,
+    # and without it keep-alive responses wait ~40 ms for a delayed ACK.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    bound_host, bound_port = sock.getsockname()[:2]
+    return sock, bound_host, bound_port
+
+
+def run_app(
+    app: FastAPI,
+    host: str,
+    port: int,
+    *,
+    log_level: str = "info",
+    on_bound: Callable[[str], None] | None = None,
+    server: Callable[[uvicorn.Config], uvicorn.Server] = uvicorn.Server,
+) -> None:
+    """Serve `app` until interrupted (SIGINT/SIGTERM). `on_bound(url)` is told the address
+    once the socket is bound (`port` 0 picks one); `server` builds the uvicorn server."""
+    sock, host, port = bind(host, port)
+    if on_bound is not None:
+        on_bound(f"http://{host}:{port}")
+    with sock:
+        server(uvicorn_config(app, host, port, log_level)).run(sockets=[sock])
