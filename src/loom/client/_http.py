@@ -7,23 +7,19 @@ from typing import Any
 
 import httpx
 
+from loom.core.errors import ServiceError  # defined there so services can raise it too
+
 __all__ = ["ServiceError", "checked"]
 
 
-class ServiceError(RuntimeError):
-    """A Loom service refused or failed a request: its HTTP `status` and its `message`."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"{status}: {message}")
-        self.status = status
-        self.message = message
-
-
 def checked(
-    resp: httpx.Response, error: type[ServiceError], message_of: Callable[[Any], str]
+    resp: httpx.Response,
+    error: Callable[[int, str], ServiceError],
+    message_of: Callable[[Any], str],
 ) -> Any:
-    """The response's JSON, or `error` with the message `message_of(body)` finds in a 4xx/5xx
-    body (the raw text when the body is not what it expects)."""
+    """The response's JSON, or `error(status, message)` with the message `message_of(body)`
+    finds in a 4xx/5xx body (the raw text when the body is not what it expects). `error` is
+    a `ServiceError` subclass, or a function choosing one (by the body, say)."""
     if resp.status_code >= 400:
         try:
             message = message_of(resp.json())

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "LoomError", "UnknownPolicyError"]
+__all__ = ["ConfigError", "LoomError", "ServiceError", "UnknownPolicyError"]
 
 
 class LoomError(Exception):
@@ -18,3 +18,12 @@ class UnknownPolicyError(LoomError, KeyError):
 
     def __str__(self) -> str:  # KeyError quotes its argument; keep the message readable
         return str(self.args[0]) if self.args else "unknown policy"
+
+
+class ServiceError(RuntimeError):
+    """A Loom service refused or failed a request: its HTTP `status` and its `message`."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+        self.message = message
