@@ -1,7 +1,9 @@
-"""What the clients share: an error that carries the service's status and message."""
+"""What the clients share: an error that carries the service's status and message, reading it
+from a response, and the bearer token header."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -9,7 +11,7 @@ import httpx
 
 from loom.core.errors import ServiceError  # defined there so services can raise it too
 
-__all__ = ["ServiceError", "checked"]
+__all__ = ["ServiceError", "bearer_headers", "checked", "fastapi_detail"]
 
 
 def checked(
@@ -27,3 +29,18 @@ def checked(
             message = resp.text[:500]
         raise error(resp.status_code, message)
     return resp.json()
+
+
+def fastapi_detail(body: Any) -> str:
+    """The message of a FastAPI error body: its `detail`, or where and what for each
+    validation error."""
+    detail = body["detail"]
+    if isinstance(detail, list):  # validation errors: where and what
+        return "; ".join(f"{'.'.join(map(str, d.get('loc', [])))}: {d.get('msg')}" for d in detail)
+    return str(detail)
+
+
+def bearer_headers(token: str | None) -> dict[str, str]:
+    """The Authorization header for `token` (None: `LOOM_TOKEN` if set; no header without)."""
+    token = token if token is not None else os.environ.get("LOOM_TOKEN")
+    return {"Authorization": f"Bearer {token}"} if token else {}

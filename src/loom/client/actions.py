@@ -16,14 +16,13 @@
 
 from __future__ import annotations
 
-import os
 import time
 from types import TracebackType
 from typing import Any, Self
 
 import httpx
 
-from loom.client._http import ServiceError, checked
+from loom.client._http import ServiceError, bearer_headers, checked, fastapi_detail
 
 __all__ = ["TERMINAL", "ActionClient", "ActionError", "AsyncActionClient"]
 
@@ -35,24 +34,12 @@ class ActionError(ServiceError):
     """The action server's error: `status` and what its `detail` says."""
 
 
-def _detail(body: Any) -> str:
-    detail = body["detail"]
-    if isinstance(detail, list):  # validation errors: where and what
-        return "; ".join(f"{'.'.join(map(str, d.get('loc', [])))}: {d.get('msg')}" for d in detail)
-    return str(detail)
-
-
 def _check(resp: httpx.Response) -> Any:
-    return checked(resp, ActionError, _detail)
+    return checked(resp, ActionError, fastapi_detail)
 
 
 def _body(trajectory_id: str, fields: dict[str, Any]) -> dict[str, Any]:
     return {"trajectory_id": trajectory_id, **{k: v for k, v in fields.items() if v is not None}}
-
-
-def _headers(token: str | None) -> dict[str, str]:
-    token = token if token is not None else os.environ.get("LOOM_TOKEN")
-    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 class _Deadline:
@@ -80,7 +67,7 @@ class ActionClient:
         **httpx_options: Any,
     ) -> None:
         self.http = httpx.Client(
-            base_url=base_url, timeout=timeout_s, headers=_headers(token), **httpx_options
+            base_url=base_url, timeout=timeout_s, headers=bearer_headers(token), **httpx_options
         )
 
     def __enter__(self) -> Self:
@@ -146,7 +133,7 @@ class AsyncActionClient:
         **httpx_options: Any,
     ) -> None:
         self.http = httpx.AsyncClient(
-            base_url=base_url, timeout=timeout_s, headers=_headers(token), **httpx_options
+            base_url=base_url, timeout=timeout_s, headers=bearer_headers(token), **httpx_options
         )
 
     async def __aenter__(self) -> Self:
