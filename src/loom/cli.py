@@ -202,6 +202,66 @@ def serve_actions(
     serve(settings, on_bound=announce)
 
 
+@serve_app.command("relay")
+def serve_relay(
+    host: Annotated[
+        str | None, typer.Option("--host", help="address to bind (default 127.0.0.1)")
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option("--port", help="port to bind; 0 picks a free one (default 8079)")
+    ] = None,
+    max_bytes: Annotated[
+        str | None,
+        typer.Option("--max-bytes", help="memory cap of the objects stored, e.g. 8G (default 4G)"),
+    ] = None,
+    max_object_bytes: Annotated[
+        str | None,
+        typer.Option("--max-object-bytes", help="largest object (request body), default 1G"),
+    ] = None,
+    member_ttl_s: Annotated[
+        float | None,
+        typer.Option(
+            "--member-ttl-s", help="a member silent this long is gone (default: until it leaves)"
+        ),
+    ] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            "--token",
+            envvar="LOOM_TOKEN",
+            help="bearer token every route but /healthz requires (needed beyond loopback)",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Relay model weights from training ranks to serving ranks over HTTP (ROSE's relay
+    store): versioned objects pushed in buckets, pulled in batches, kept while a member needs
+    them."""
+    from loom.core.errors import ConfigError
+    from loom.runtime.relay.config import RelayConfig, parse_size
+    from loom.runtime.relay.server import serve
+
+    try:
+        settings = RelayConfig().with_overrides(
+            host=host,
+            port=port,
+            max_bytes=parse_size(max_bytes) if max_bytes is not None else None,
+            max_object_bytes=parse_size(max_object_bytes) if max_object_bytes is not None else None,
+            member_ttl_s=member_ttl_s,
+            token=token,
+        )
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+    def announce(url: str) -> None:  # once bound: with --port 0 it names the port it got
+        typer.echo(
+            f"loom relay on {url} — cap {settings.max_bytes} bytes, objects up to "
+            f"{settings.max_object_bytes} bytes" + (", token required" if settings.token else "")
+        )
+
+    serve(settings, on_bound=announce)
+
+
 @serve_app.command("rollout")
 def serve_rollout(
     engine: Annotated[
