@@ -78,7 +78,7 @@ class Manifest:
     def bucket_size(self, index: int) -> int:
         return min(self.bucket_bytes, self.size - index * self.bucket_bytes)
 
-    def keys(self) -> list[str]:
+    def bucket_keys(self) -> list[str]:
         return [bucket_key(self.version, self.stream, i) for i in range(self.buckets)]
 
     def encode(self) -> bytes:
@@ -219,7 +219,7 @@ class Puller:
         out: list[list[str]] = []
         current: list[str] = []
         filled = 0
-        for i, key in enumerate(manifest.keys()):
+        for i, key in enumerate(manifest.bucket_keys()):
             current.append(key)
             filled += manifest.bucket_size(i)
             if filled >= self.batch_bytes:
