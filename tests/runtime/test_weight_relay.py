@@ -540,6 +540,23 @@ def test_push_then_pull_returns_every_blob(sizes: list[int], bucket: int, batch:
     assert list(puller.iter_pull(manifest)) == sent
 
 
+def test_a_pusher_takes_any_buffer_and_sends_a_whole_bucket_uncopied() -> None:
+    import numpy as np
+
+    weights = np.arange(24, dtype=np.float32).reshape(4, 6)
+    exact = os.urandom(4096)
+    store = InMemoryStore(1 << 20)
+    manifest = Pusher(store, bucket_bytes=4096).push(1, "s", [("b", exact), ("w", weights)])
+    assert [(e.name, e.offset, e.size) for e in manifest.entries] == [
+        ("b", 0, 4096),
+        ("w", 4096, 96),
+    ]
+    assert store.get(manifest.bucket_keys()[0]) is exact
+    got = Puller(store).pull(1, "s")
+    assert got["b"] is exact  # a blob that is a whole bucket comes back uncopied too
+    assert np.array_equal(np.frombuffer(got["w"], dtype=np.float32).reshape(4, 6), weights)
+
+
 @given(
     objects=st.lists(st.binary(max_size=300), max_size=8),
     cuts=st.lists(st.integers(1, 400), max_size=30),

@@ -43,6 +43,8 @@ from loom.runtime.relay.store import (
 
 __all__ = ["RelayClient"]
 
+_PIECE = 1 << 20
+
 
 def _code(resp: httpx.Response) -> str | None:
     with contextlib.suppress(ValueError, AttributeError):
@@ -54,6 +56,14 @@ def _code(resp: httpx.Response) -> str | None:
 def _check(resp: httpx.Response) -> Any:
     """The JSON of a success; the store's exception for a refusal."""
     return checked(resp, partial(error_for, _code(resp) if resp.is_error else None), fastapi_detail)
+
+
+def _pieces(view: memoryview) -> Iterator[memoryview]:
+    """A body in pieces of `_PIECE` bytes."""
+    # NOTE: httpcore sends a body of one piece by slicing the rest after each socket send, a
+    # copy of the rest every time: a 64 MB bucket whole goes at a third of the speed.
+    for start in range(0, view.nbytes, _PIECE):
+        yield view[start : start + _PIECE]
 
 
 def _member(body: dict[str, Any]) -> Member:
@@ -101,7 +111,14 @@ class RelayClient:
     def put(self, key: str, data: bytes, version: int) -> ObjectInfo:
         check_key(key)
         check_version(version)
-        body = self._call("PUT", f"/v1/objects/{key}", params={"version": version}, content=data)
+        view = memoryview(data).cast("B")
+        body = self._call(
+            "PUT",
+            f"/v1/objects/{key}",
+            params={"version": version},
+            content=_pieces(view),
+            headers={"Content-Length": str(view.nbytes)},
+        )
         return ObjectInfo(**body)
 
     def get(self, key: str) -> bytes:

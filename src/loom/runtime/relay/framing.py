@@ -22,6 +22,7 @@ __all__ = [
     "FramingError",
     "encode_index",
     "frames",
+    "joined",
 ]
 
 MEDIA_TYPE = "application/x-loom-relay-batch"
@@ -55,17 +56,19 @@ def frames(objects: Sequence[tuple[ObjectInfo, bytes]]) -> tuple[int, Iterator[b
 
 
 class BatchDecoder:
-    """Reads a batch body fed in chunks of any size: `feed` each, then `finish`."""
+    """Reads a batch body fed in chunks of any size: `feed` each, then `finish`. Each object's
+    bytes are joined once from views of the chunks (no other copy)."""
 
     def __init__(self) -> None:
         self._head = bytearray()
         self._index: list[ObjectInfo] | None = None
         self._done: dict[str, tuple[bytes, int]] = {}
-        self._current: bytearray | None = None
-        self._filled = 0
+        self._parts: list[memoryview] = []  # of the object being read
+        self._left = 0  # its bytes still to come
 
     def feed(self, chunk: bytes) -> None:
-        view = memoryview(chunk)
+        """The next piece of the body (kept by reference until its objects are whole)."""
+        view = memoryview(chunk if isinstance(chunk, bytes) else bytes(chunk))
         while view:
             view = self._read_index(view) if self._index is None else self._read_payload(view)
 
@@ -91,27 +94,27 @@ class BatchDecoder:
             raise FramingError(f"unreadable batch index: {exc}") from None
 
     def _start_next(self) -> None:
+        """Past the objects of no bytes, to the next one to read (if any)."""
         assert self._index is not None
         while len(self._done) < len(self._index):
             info = self._index[len(self._done)]
             if info.size:
-                self._current = bytearray(info.size)
-                self._filled = 0
+                self._left = info.size
                 return
             self._done[info.key] = (b"", info.version)
-        self._current = None
 
     def _read_payload(self, view: memoryview) -> memoryview:
         assert self._index is not None
-        if self._current is None:
+        if len(self._done) == len(self._index):
             raise FramingError("batch body longer than its index says")
-        take = min(len(self._current) - self._filled, len(view))
-        self._current[self._filled : self._filled + take] = view[:take]
-        self._filled += take
-        if self._filled == len(self._current):
+        take = min(self._left, len(view))
+        self._parts.append(view[:take])
+        self._left -= take
+        if not self._left:
             info = self._index[len(self._done)]
-            self._done[info.key] = (bytes(self._current), info.version)
-            self._current = None
+            parts, self._parts = self._parts, []
+            data = joined(parts)
+            self._done[info.key] = (data, info.version)
             self._start_next()
         return view[take:]
 
@@ -122,3 +125,12 @@ class BatchDecoder:
             got = "no index" if self._index is None else f"{len(self._done)}/{len(self._index)}"
             raise FramingError(f"batch body cut short ({got} objects whole)")
         return self._done
+
+
+def joined(parts: list[memoryview]) -> bytes:
+    """The bytes of `parts`: the underlying object itself when one part is all of it."""
+    if len(parts) == 1:
+        obj = parts[0].obj
+        if isinstance(obj, bytes) and len(obj) == parts[0].nbytes:
+            return obj
+    return b"".join(parts)

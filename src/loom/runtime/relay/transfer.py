@@ -16,13 +16,18 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from loom.runtime.relay.catchup import CatchUp, plan_catch_up
 from loom.runtime.relay.errors import InvalidRequestError, ObjectMissingError, RelayError
+from loom.runtime.relay.framing import joined
 from loom.runtime.relay.store import Role, WeightStore, check_key, check_version
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
 
 __all__ = [
     "BUCKET_BYTES",
@@ -107,26 +112,26 @@ class Manifest:
 
 
 def _buckets(
-    blobs: Iterable[tuple[str, bytes]], size: int, entries: list[Entry]
+    blobs: Iterable[tuple[str, Buffer]], size: int, entries: list[Entry]
 ) -> Iterator[bytes]:
-    """The stream's bytes cut into buckets of `size` (each byte copied once); `entries` gets
-    each blob's place as it goes."""
+    """The stream's bytes cut into buckets of `size` (each byte copied once at most: a blob
+    that is a whole bucket goes as it is); `entries` gets each blob's place as it goes."""
     parts: list[memoryview] = []
     filled = offset = 0
     for name, blob in blobs:
-        entries.append(Entry(name, offset, len(blob)))
-        offset += len(blob)
-        view = memoryview(blob)
+        view = memoryview(blob).cast("B")  # any buffer (an array's too), as bytes
+        entries.append(Entry(name, offset, view.nbytes))
+        offset += view.nbytes
         while view:
             take = min(size - filled, len(view))
             parts.append(view[:take])
             filled += take
             view = view[take:]
             if filled == size:
-                yield b"".join(parts)
+                yield joined(parts)
                 parts, filled = [], 0
     if parts:
-        yield b"".join(parts)
+        yield joined(parts)
 
 
 class Pusher:
@@ -149,7 +154,7 @@ class Pusher:
         self.workers = workers
         self.member_id = member_id
 
-    def push(self, version: int, stream: str, blobs: Iterable[tuple[str, bytes]]) -> Manifest:
+    def push(self, version: int, stream: str, blobs: Iterable[tuple[str, Buffer]]) -> Manifest:
         """Every bucket, then the manifest; the store's first refusal is raised and the
         manifest is not written (the stream stays incomplete; pushing it again is safe)."""
         check_version(version)
@@ -182,6 +187,49 @@ class Pusher:
         )
         self.store.put(manifest_key(version, stream), manifest.encode(), version)
         return manifest
+
+
+class _Cutter:
+    """Cuts a stream, fed bucket by bucket, back into the blobs its manifest lists."""
+
+    def __init__(self, entries: Sequence[Entry]) -> None:
+        self._entries = iter(entries)
+        self._entry: Entry | None = None
+        self._offset = 0  # where the next blob starts
+        self._left = 0  # bytes of the current blob still to come
+        self._parts: list[memoryview] = []
+        self._advance()
+
+    def _advance(self) -> None:
+        self._entry = next(self._entries, None)
+        if self._entry is not None:
+            if self._entry.offset != self._offset:
+                raise RelayError(f"manifest lists {self._entry.name!r} out of place")
+            self._offset += self._entry.size
+            self._left = self._entry.size
+
+    def _whole(self) -> Iterator[tuple[str, bytes]]:
+        while self._entry is not None and not self._left:
+            parts, self._parts = self._parts, []
+            yield self._entry.name, joined(parts)
+            self._advance()
+
+    def feed(self, bucket: bytes) -> Iterator[tuple[str, bytes]]:
+        view = memoryview(bucket)
+        yield from self._whole()
+        while view and self._entry is not None:
+            take = min(self._left, len(view))
+            self._parts.append(view[:take])
+            self._left -= take
+            view = view[take:]
+            yield from self._whole()
+        if view:
+            raise RelayError("the stream holds more bytes than its manifest lists")
+
+    def finish(self) -> Iterator[tuple[str, bytes]]:
+        yield from self._whole()
+        if self._entry is not None:
+            raise RelayError(f"the stream ends inside {self._entry.name!r}")
 
 
 class Puller:
@@ -230,32 +278,19 @@ class Puller:
         return out
 
     def iter_pull(self, manifest: Manifest) -> Iterator[tuple[str, bytes]]:
-        """Each blob (name, bytes) in stream order, as soon as its batch has come."""
-        entries = iter(manifest.entries)
-        nxt = next(entries, None)
-        pending = bytearray()
-        base = 0  # the stream offset of pending[0]
+        """Each blob (name, bytes) in stream order, as soon as its batch has come; a blob is
+        joined once from views of its buckets (a blob that is a whole bucket, not copied)."""
+        cutter = _Cutter(manifest.entries)
         index = 0
         for batch in self.batches(manifest):
             got = self.store.get_many(batch)
             for key in batch:
-                if len(got[key]) != manifest.bucket_size(index):
-                    raise RelayError(f"bucket {key!r} holds {len(got[key])} bytes, not as listed")
-                pending += got[key]
+                bucket = got.pop(key)
+                if len(bucket) != manifest.bucket_size(index):
+                    raise RelayError(f"bucket {key!r} holds {len(bucket)} bytes, not as listed")
                 index += 1
-            del got
-            end = base + len(pending)
-            with memoryview(pending) as view:
-                while nxt is not None and nxt.offset + nxt.size <= end:
-                    yield nxt.name, bytes(view[nxt.offset - base : nxt.offset - base + nxt.size])
-                    nxt = next(entries, None)
-            cut = (nxt.offset if nxt is not None else end) - base
-            del pending[:cut]
-            base += cut
-        while nxt is not None:  # empty blobs at the end of the stream
-            assert nxt.size == 0, f"blob {nxt.name!r} past the stream's end"
-            yield nxt.name, b""
-            nxt = next(entries, None)
+                yield from cutter.feed(bucket)
+        yield from cutter.finish()
 
     def pull(self, version: int, stream: str) -> dict[str, bytes]:
         """Every blob of a whole stream, by name."""
