@@ -19,7 +19,7 @@ from loom.runtime.relay.config import RelayConfig
 from loom.runtime.relay.errors import RelayError
 from loom.runtime.relay.memory import InMemoryStore
 from loom.runtime.relay.metrics import RelayMetrics
-from loom.runtime.relay.store import MAX_VERSION, ObjectInfo, Role, check_key
+from loom.runtime.relay.store import MAX_VERSION, ObjectInfo, Role
 from loom.runtime.service import BearerToken, BodyLimit, malformed_request
 
 __all__ = ["create_app"]
@@ -131,10 +131,9 @@ def _add_object_routes(app: FastAPI) -> None:
         cap would be passed, 409 when the key holds another version, 413 when too large).
         Putting the same key and version again replaces the bytes."""
         store = _store(request)
-        check_key(key)
         declared = request.headers.get("content-length", "")
-        if declared.isdigit():
-            store.room_for(key, int(declared))  # refuse before reading what cannot fit
+        # refuse before reading what could not be stored
+        store.admit(key, version, int(declared) if declared.isdigit() else 0)
         data = await _body(request)
         if data is None:
             return Response(status_code=400)  # nobody reads it: the client went, or got a 413

@@ -84,20 +84,28 @@ class InMemoryStore:
 
     # -- objects ---------------------------------------------------------------------------
 
-    def room_for(self, key: str, size: int) -> None:
-        """`StoreFullError` if `size` bytes under `key` could not fit now (the relay asks
-        before reading a body; `put` decides)."""
+    def admit(self, key: str, version: int, size: int) -> None:
+        """Raise now what `put(key, <size bytes>, version)` would raise now: the relay asks
+        before it reads a body (`put` still decides: room is not reserved)."""
+        check_key(key)
+        check_version(version)
         with self._lock:
-            self._check_room(key, size)
+            self._check_put(key, version, size)
 
-    def _check_room(self, key: str, size: int) -> None:
+    def _check_put(self, key: str, version: int, size: int) -> _Object | None:
+        """The object `key` holds, if `size` bytes at `version` may replace it or be added."""
         old = self._objects.get(key)
+        if old is not None and old.version != version:
+            raise VersionConflictError(
+                f"{key!r} is stored at version {old.version}, not {version}: delete it first"
+            )
         after = self._bytes - (len(old.data) if old else 0) + size
         if after > self.max_bytes:
             raise StoreFullError(
                 f"storing {size} bytes under {key!r} would hold {after} bytes, over the cap of "
                 f"{self.max_bytes} ({self._bytes} stored): drop old versions or raise --max-bytes"
             )
+        return old
 
     def put(self, key: str, data: bytes, version: int) -> ObjectInfo:
         check_key(key)
@@ -105,13 +113,7 @@ class InMemoryStore:
         if not isinstance(data, bytes):
             data = bytes(data)  # a buffer the caller might change later
         with self._lock:
-            old = self._objects.get(key)
-            if old is not None and old.version != version:
-                raise VersionConflictError(
-                    f"{key!r} is stored at version {old.version}, not {version}: delete it first"
-                )
-            self._check_room(key, len(data))
-            if old is not None:
+            if self._check_put(key, version, len(data)) is not None:
                 self._forget(key)
             self._objects[key] = _Object(data, version)
             self._by_version.setdefault(version, {})[key] = len(data)
