@@ -1,0 +1,158 @@
+"""Tensor backends of the weight codec: numpy (bf16 as raw `uint16` bits) and torch (bf16).
+
+The codec's wire format is backend-free; a backend only finds changed positions, gathers and
+scatters bits. Both write the same bytes for the same data: indices in ascending C order,
+values as little-endian raw bits.
+"""
+
+from __future__ import annotations
+
+import sys
+from enum import StrEnum
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from loom.core.errors import ConfigError
+from loom.state.weights.bf16 import BF16_BITS_DTYPE
+
+__all__ = ["Backend", "TensorOps", "backend_of", "tensor_ops"]
+
+Indices = npt.NDArray[np.int32]
+Bits = npt.NDArray[np.uint16]
+
+
+class Backend(StrEnum):
+    NUMPY = "numpy"  # np.ndarray of dtype uint16 holding bf16 bits
+    TORCH = "torch"  # torch.Tensor of dtype torch.bfloat16, any device
+
+
+class TensorOps(Protocol):
+    """What the codec needs from a backend. `mask` is backend-native; host arrays are numpy."""
+
+    backend: Backend
+
+    def check(self, x: Any, what: str) -> tuple[int, ...]:
+        """Shape of `x`, or `ConfigError` if `x` is not a bf16 tensor of this backend."""
+        ...
+
+    def same_place(self, a: Any, b: Any) -> bool:
+        """Whether `a` and `b` can be compared elementwise (same device)."""
+        ...
+
+    def changed(self, new: Any, old: Any) -> Any:
+        """Boolean mask, shaped like `new`, of positions whose bits differ."""
+        ...
+
+    def count(self, mask: Any) -> int: ...
+
+    def gather(self, new: Any, mask: Any, idx_out: Indices, val_out: Bits) -> None:
+        """Write the flat C-order indices of `mask` and the bits of `new` there."""
+        ...
+
+    def dense(self, new: Any, val_out: Bits) -> None:
+        """Write all bits of `new` in C order."""
+        ...
+
+    def scatter(self, target: Any, idx: Indices, vals: Bits) -> None:
+        """Set `target`'s elements at flat C-order `idx` to `vals`, in place (views too)."""
+        ...
+
+    def fill(self, target: Any, vals: Bits) -> None:
+        """Set all of `target` (C order) to `vals`, in place."""
+        ...
+
+    def clone(self, x: Any) -> Any: ...
+
+    def empty_like(self, x: Any) -> Any: ...
+
+    def empty(self, shape: tuple[int, ...], device: Any) -> Any: ...
+
+
+class NumpyOps:
+    backend = Backend.NUMPY
+
+    def check(self, x: Any, what: str) -> tuple[int, ...]:
+        if not isinstance(x, np.ndarray):
+            raise ConfigError(f"{what} must be a numpy array, got {type(x).__name__}")
+        if x.dtype != BF16_BITS_DTYPE:
+            raise ConfigError(
+                f"{what}: numpy holds bf16 as raw uint16 bits (see float32_to_bf16_bits), "
+                f"got dtype {x.dtype}"
+            )
+        return tuple(x.shape)
+
+    def same_place(self, a: Any, b: Any) -> bool:
+        return True
+
+    def changed(self, new: Any, old: Any) -> Any:
+        return np.not_equal(new, old)
+
+    def count(self, mask: Any) -> int:
+        return int(np.count_nonzero(mask))
+
+    def gather(self, new: Any, mask: Any, idx_out: Indices, val_out: Bits) -> None:
+        idx = np.flatnonzero(mask)
+        idx_out[:] = idx
+        if new.flags.c_contiguous:
+            np.take(new.reshape(-1), idx, out=val_out)
+        else:  # a strided view (a shard slice): boolean indexing reads it in C order
+            val_out[:] = new[mask]
+
+    def dense(self, new: Any, val_out: Bits) -> None:
+        np.copyto(val_out.reshape(new.shape), new)
+
+    def scatter(self, target: Any, idx: Indices, vals: Bits) -> None:
+        if target.flags.c_contiguous:
+            target.reshape(-1)[idx] = vals
+        else:
+            target[np.unravel_index(idx, target.shape)] = vals
+
+    def fill(self, target: Any, vals: Bits) -> None:
+        np.copyto(target, vals.reshape(target.shape))
+
+    def clone(self, x: Any) -> Any:
+        return x.copy()
+
+    def empty_like(self, x: Any) -> Any:
+        return np.empty_like(x)
+
+    def empty(self, shape: tuple[int, ...], device: Any) -> Any:
+        if device is not None:
+            raise ConfigError(f"the numpy backend has no devices, got device={device!r}")
+        return np.empty(shape, dtype=BF16_BITS_DTYPE)
+
+
+_NUMPY = NumpyOps()
+
+
+def _torch_ops() -> TensorOps:
+    try:
+        from loom.state.weights.torch_ops import TORCH_OPS
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ConfigError(
+            "the torch backend needs torch (pip install 'loom-rl[torch]')"
+        ) from exc
+    return TORCH_OPS
+
+
+def tensor_ops(backend: Backend | str) -> TensorOps:
+    """The ops of `backend` (or its value); torch is imported only here, on first use."""
+    try:
+        backend = Backend(backend)
+    except ValueError:
+        raise ConfigError(f"unknown backend {backend!r}; known: numpy, torch") from None
+    return _NUMPY if backend is Backend.NUMPY else _torch_ops()
+
+
+def backend_of(x: Any) -> Backend:
+    """The backend that holds `x`, or `ConfigError` for anything else."""
+    if isinstance(x, np.ndarray):
+        return Backend.NUMPY
+    torch = sys.modules.get("torch")  # a torch tensor implies torch is already imported
+    if torch is not None and isinstance(x, torch.Tensor):
+        return Backend.TORCH
+    raise ConfigError(
+        f"expected a numpy uint16 array or a torch bfloat16 tensor, got {type(x).__name__}"
+    )
