@@ -131,9 +131,7 @@ def _torch_ops() -> TensorOps:
     try:
         from loom.state.weights.torch_ops import TORCH_OPS
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ConfigError(
-            "the torch backend needs torch (pip install 'loom-rl[torch]')"
-        ) from exc
+        raise ConfigError("the torch backend needs torch (pip install 'loom-rl[torch]')") from exc
     return TORCH_OPS
 
 

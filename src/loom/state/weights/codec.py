@@ -261,9 +261,7 @@ def apply(blob: Buffer, current: W, *, current_version: int | None, inplace: boo
     return target
 
 
-def decode(
-    blob: Buffer, *, backend: Backend | str = Backend.NUMPY, device: Any = None
-) -> Any:
+def decode(blob: Buffer, *, backend: Backend | str = Backend.NUMPY, device: Any = None) -> Any:
     """A new tensor from a dense blob (`device` for torch); a sparse delta needs `apply`."""
     header = read_header(blob)
     if header.encoding is Encoding.SPARSE:
@@ -314,9 +312,17 @@ def _allocate(header: BlobHeader) -> bytearray:
     out = bytearray(header.nbytes)
     base = -1 if header.base_version is None else header.base_version
     _FIXED.pack_into(
-        out, 0, MAGIC, FORMAT_VERSION, header.encoding, header.dtype, len(header.shape),
-        base, header.version, header.nnz,
-    )  # fmt: skip
+        out,
+        0,
+        MAGIC,
+        FORMAT_VERSION,
+        header.encoding,
+        header.dtype,
+        len(header.shape),
+        base,
+        header.version,
+        header.nnz,
+    )
     for i, dim in enumerate(header.shape):
         _DIM.pack_into(out, _FIXED.size + i * _DIM.size, dim)
     return out
