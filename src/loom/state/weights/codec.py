@@ -142,6 +142,8 @@ def encoded_nbytes(
     else:
         if not 0 <= nnz <= numel:
             raise ConfigError(f"nnz must be in [0, {numel}] for shape {shape}, got {nnz}")
+        if numel > MAX_SPARSE_NUMEL:
+            raise ConfigError(f"a delta indexes at most 2^31 elements, shape {shape} has {numel}")
         encoding = choose_encoding(numel, nnz, dense_threshold)
     return header_nbytes(len(shape)) + _payload_nbytes(encoding, numel, nnz or 0)
 
