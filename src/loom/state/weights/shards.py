@@ -250,9 +250,10 @@ def plan_transfer(
     Pieces larger than `max_piece_bytes` (bf16) are cut into row blocks (dim 0), so DP ranks
     share big shards and a piece fits a relay bucket. Each piece goes to one eligible training
     rank, the one of its pipeline stage holding its data (the owning TP rank, any for a
-    replicated param; any DP replica) that has published the fewest bytes so far, largest
-    pieces first (greedy LPT). So within each (pp, tp) group the DP ranks' byte loads differ by
-    at most the largest piece of that stage.
+    replicated param; any DP replica) that has published the fewest bytes so far (dense blob
+    bytes), largest pieces first (greedy LPT). So within each (pp, tp) group the DP ranks'
+    dense loads differ by at most the largest piece of that stage; a uniform changed fraction
+    scales every piece alike, so sparse loads stay about as balanced.
     """
     params = tuple(params)
     if max_piece_bytes is not None and max_piece_bytes < 1:
@@ -328,14 +329,14 @@ def _assign(cuts: list[_Cut], stages: dict[str, int], train: TrainLayout) -> lis
     """Each cut's sending rank: greedy LPT over its eligible ranks (see `plan_transfer`)."""
     load: dict[TrainRank, int] = defaultdict(int)
     sources: list[TrainRank | None] = [None] * len(cuts)
-    order = sorted(range(len(cuts)), key=lambda i: (-cuts[i].box.numel, i))
-    for i in order:
+    size = [encoded_nbytes(cut.box.shape, None) for cut in cuts]  # dense blob, header included
+    for i in sorted(range(len(cuts)), key=lambda i: (-size[i], i)):
         cut = cuts[i]
         pp = stages[cut.param.name]
         tps = range(train.tp) if cut.src_tp is None else (cut.src_tp,)
         eligible = (TrainRank(dp=d, pp=pp, tp=t) for d in range(train.dp) for t in tps)
         src = min(eligible, key=lambda r: (load[r], r))
-        load[src] += cut.box.numel
+        load[src] += size[i]
         sources[i] = src
     assert all(s is not None for s in sources), "every cut has a source"
     return [s for s in sources if s is not None]
