@@ -3,6 +3,8 @@ bytes from numpy and torch, versions enforced, and bad or corrupt input refused.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -17,6 +19,7 @@ from loom.state.weights import (
     MAX_SPARSE_NUMEL,
     Encoding,
     apply,
+    backends,
     bf16_bits_to_float32,
     count_changed,
     decode,
@@ -54,16 +57,31 @@ def as_bits(tensor: Any) -> np.ndarray:
     return tensor.view(__import__("torch").int16).numpy().view(np.uint16)
 
 
+@contextmanager
+def patched(obj: object, name: str, value: Any) -> Iterator[None]:
+    """`obj.name = value` for the block (hypothesis runs many examples per fixture)."""
+    saved = getattr(obj, name)
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        setattr(obj, name, saved)
+
+
+# The numpy diff works in blocks of `CHUNK` elements (rows of them for a matrix); tiny blocks
+# make every example cross block boundaries and hit the early exit into dense.
+chunks = st.sampled_from([1, 5, 64, backends.CHUNK])
 thresholds = st.sampled_from([0.0, DENSE_THRESHOLD, 1 / 3, 1.0]) | st.floats(0.0, 1.0)
 
 
 @settings(max_examples=150, deadline=None)
-@given(weight_pairs(), thresholds)
+@given(weight_pairs(), thresholds, chunks)
 def test_delta_round_trip_is_bit_exact_and_sized_by_formula(
-    pair: tuple[np.ndarray, np.ndarray, int], threshold: float
+    pair: tuple[np.ndarray, np.ndarray, int], threshold: float, chunk: int
 ) -> None:
     old, new, nnz = pair
-    blob = encode(new, old=old, version=8, base_version=7, dense_threshold=threshold)
+    with patched(backends, "CHUNK", chunk):
+        blob = encode(new, old=old, version=8, base_version=7, dense_threshold=threshold)
     header = read_header(blob)
     sparse = nnz <= threshold * new.size
     assert header.encoding is (Encoding.SPARSE if sparse else Encoding.DENSE)
@@ -108,19 +126,25 @@ def test_bits_not_values_decide_what_changed() -> None:
     assert np.array_equal(apply(blob, old, current_version=0), new)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(
-    weight_pairs(shape=hnp.array_shapes(min_dims=2, max_dims=2, min_side=1, max_side=12)), st.data()
+    weight_pairs(shape=hnp.array_shapes(min_dims=2, max_dims=2, min_side=1, max_side=12)),
+    chunks,
+    st.data(),
 )
 def test_shard_slices_encode_and_apply_through_views(
-    pair: tuple[np.ndarray, np.ndarray, int], data: st.DataObject
+    pair: tuple[np.ndarray, np.ndarray, int], chunk: int, data: st.DataObject
 ) -> None:
     old, new, _ = pair
     r0, r1 = sorted(data.draw(st.lists(st.integers(0, old.shape[0]), min_size=2, max_size=2)))
     c0, c1 = sorted(data.draw(st.lists(st.integers(0, old.shape[1]), min_size=2, max_size=2)))
     box = np.s_[r0:r1, c0:c1]
-    blob = encode(new[box], old=old[box], version=2, base_version=1)
-    assert blob == encode(new[box].copy(), old=old[box].copy(), version=2, base_version=1)
+    with patched(backends, "CHUNK", chunk):
+        blob = encode(new[box], old=old[box], version=2, base_version=1, dense_threshold=1.0)
+    copied = encode(
+        new[box].copy(), old=old[box].copy(), version=2, base_version=1, dense_threshold=1.0
+    )
+    assert blob == copied
     target = old.copy()
     apply(blob, target[box], current_version=1, inplace=True)
     expected = old.copy()
@@ -246,35 +270,62 @@ def test_bf16_helpers_round_to_nearest_even() -> None:
 # --- torch backend -------------------------------------------------------------------------
 
 
+def torch_kernels(on: bool) -> Any:
+    """With `on`, CPU tensors run torch's own kernels (the path a GPU takes), not numpy's."""
+    from loom.state.weights.torch_ops import TORCH_OPS
+
+    return patched(TORCH_OPS, "numpy_on_cpu", not on)
+
+
 @pytest.mark.torch
-@settings(max_examples=60, deadline=None)
+@pytest.mark.parametrize("kernels", [False, True], ids=["numpy-kernels", "torch-kernels"])
+@settings(max_examples=50, deadline=None)
 @given(weight_pairs(), thresholds)
 def test_torch_writes_the_same_bytes_as_numpy(
-    pair: tuple[np.ndarray, np.ndarray, int], threshold: float
+    kernels: bool, pair: tuple[np.ndarray, np.ndarray, int], threshold: float
 ) -> None:
     old, new, _ = pair
     blob = encode(new, old=old, version=3, base_version=2, dense_threshold=threshold)
-    tblob = encode(
-        as_torch(new), old=as_torch(old), version=3, base_version=2, dense_threshold=threshold
-    )
-    assert tblob == blob
-    assert encode(as_torch(new), version=3) == encode(new, version=3)
-    out = apply(bytes(blob), as_torch(old), current_version=2)
-    assert np.array_equal(as_bits(out), new)
-    assert np.array_equal(as_bits(decode(encode(new, version=3), backend="torch")), new)
+    with torch_kernels(kernels):
+        tblob = encode(
+            as_torch(new), old=as_torch(old), version=3, base_version=2, dense_threshold=threshold
+        )
+        assert tblob == blob
+        assert encode(as_torch(new), version=3) == encode(new, version=3)
+        out = apply(bytes(blob), as_torch(old), current_version=2)
+        assert np.array_equal(as_bits(out), new)
+        assert np.array_equal(as_bits(decode(encode(new, version=3), backend="torch")), new)
+        assert count_changed(as_torch(new), as_torch(old)) == count_changed(new, old)
 
 
 @pytest.mark.torch
-def test_torch_views_apply_in_place_and_mixed_backends_are_refused() -> None:
+@pytest.mark.parametrize("kernels", [False, True], ids=["numpy-kernels", "torch-kernels"])
+def test_torch_views_and_parameters_apply_in_place(kernels: bool) -> None:
     torch = pytest.importorskip("torch", reason="needs the torch extra")
     old = np.arange(48, dtype=np.uint16).reshape(6, 8)
     new = old.copy()
     new[1:4, 2:6] += 100
-    target = as_torch(old)
-    blob = encode(as_torch(new)[1:5, 2:7], old=target[1:5, 2:7], version=1, base_version=0)
-    assert blob == encode(new[1:5, 2:7], old=old[1:5, 2:7], version=1, base_version=0)
-    apply(blob, target[1:5, 2:7], current_version=0, inplace=True)
-    assert np.array_equal(as_bits(target), new)
+    with torch_kernels(kernels):
+        target = as_torch(old)
+        blob = encode(as_torch(new)[1:5, 2:7], old=target[1:5, 2:7], version=1, base_version=0)
+        assert blob == encode(new[1:5, 2:7], old=old[1:5, 2:7], version=1, base_version=0)
+        apply(blob, target[1:5, 2:7], current_version=0, inplace=True)
+        assert np.array_equal(as_bits(target), new)
+        weight = torch.nn.Parameter(as_torch(old))  # requires grad, as in a live model
+        apply(
+            encode(as_torch(new), old=weight, version=1, base_version=0),
+            weight,
+            current_version=0,
+            inplace=True,
+        )
+        assert np.array_equal(as_bits(weight.detach()), new)
+
+
+@pytest.mark.torch
+def test_mixed_backends_are_refused() -> None:
+    torch = pytest.importorskip("torch", reason="needs the torch extra")
+    old = np.zeros((2, 3), np.uint16)
+    new = old.copy()
     with pytest.raises(ConfigError, match="new is a torch tensor but old is a numpy one"):
         encode(as_torch(new), old=old, version=1, base_version=0)
     with pytest.raises(ConfigError, match=r"torch\.bfloat16"):

@@ -127,8 +127,13 @@ def _payload_nbytes(encoding: Encoding, numel: int, nnz: int) -> int:
 
 def choose_encoding(numel: int, nnz: int, dense_threshold: float = DENSE_THRESHOLD) -> Encoding:
     """Sparse while at most `dense_threshold` of the `numel` elements changed, else dense."""
+    return Encoding.DENSE if nnz > _sparse_limit(numel, dense_threshold) else Encoding.SPARSE
+
+
+def _sparse_limit(numel: int, dense_threshold: float) -> int:
+    """Most changed elements a sparse blob of `numel` elements carries."""
     _check_threshold(dense_threshold)
-    return Encoding.DENSE if nnz > dense_threshold * numel else Encoding.SPARSE
+    return math.floor(dense_threshold * numel)
 
 
 def encoded_nbytes(
@@ -151,7 +156,7 @@ def encoded_nbytes(
 def count_changed(new: Any, old: Any) -> int:
     """Elements whose bf16 bits differ between `new` and `old` (the paper's ΔW non-zeros)."""
     ops, _ = _pair(new, old)
-    return ops.count(ops.changed(new, old))
+    return ops.count_changed(new, old)
 
 
 def encode(
@@ -182,24 +187,24 @@ def encode(
             f"a delta indexes at most 2^31 elements with int32, got shape {shape} "
             f"({numel} elements): encode slices of it, or a dense snapshot (old=None)"
         )
-    mask = ops.changed(new, old)
-    nnz = ops.count(mask)
-    if choose_encoding(numel, nnz, dense_threshold) is Encoding.DENSE:
+    changes = ops.diff(new, old, limit=_sparse_limit(numel, dense_threshold))
+    if changes is None:  # more than the threshold changed
         return _write_dense(ops, new, shape, version)
     header = BlobHeader(
         encoding=Encoding.SPARSE,
         dtype=DType.BF16,
         shape=shape,
-        nnz=nnz,
+        nnz=changes.nnz,
         version=version,
         base_version=base_version,
     )
     out = _allocate(header)
-    start = header.header_nbytes
-    idx_out = np.frombuffer(out, dtype="<i4", count=nnz, offset=start)
-    val_out = np.frombuffer(out, dtype="<u2", count=nnz, offset=start + 4 * nnz)
+    start, nnz = header.header_nbytes, changes.nnz
     if nnz:
-        ops.gather(new, mask, idx_out, val_out)
+        idx_out = np.frombuffer(out, dtype="<i4", count=nnz, offset=start)
+        val_out = np.frombuffer(out, dtype="<u2", count=nnz, offset=start + 4 * nnz)
+        np.concatenate(changes.idx, out=idx_out)
+        np.concatenate(changes.vals, out=val_out)
     _seal(out, header)
     return out
 

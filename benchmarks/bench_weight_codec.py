@@ -1,0 +1,130 @@
+"""Throughput of the sparse-delta weight codec: encode (dense-to-sparse on the training side) and
+in-place apply (sparse-to-dense on the serving side) of 256 MiB of bf16 weights with 1%, 5% and
+20% of the elements changed, plus a dense snapshot, for the numpy and torch (CPU) backends.
+
+Throughput is GB/s of the dense bf16 tensor (2 bytes per element, 1 GB = 1e9 B) over the median
+of several repeats; the target is >= 0.5 GB/s. Changed positions are uniform at random with
+exactly the stated fraction, so 20% sits on the default dense threshold and stays sparse.
+
+    python benchmarks/bench_weight_codec.py            # 256 MiB, 5 repeats
+    python benchmarks/bench_weight_codec.py --quick    # 16 MiB, 3 repeats
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import math
+import os
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from loom.state.weights import apply, encode, float32_to_bf16_bits, read_header
+
+TARGET_GBS = 0.5
+FRACTIONS = (0.01, 0.05, 0.20)
+
+
+def weights(numel: int, fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """bf16 bits of N(0, 0.02) weights, and a copy with exactly `fraction` of them changed."""
+    rng = np.random.default_rng(seed)
+    old = float32_to_bf16_bits(rng.standard_normal(numel, dtype=np.float32) * 0.02)
+    want = math.floor(fraction * numel)  # at most the fraction: 20% stays on the threshold
+    slack = 6 * (numel * fraction * (1 - fraction)) ** 0.5 / numel  # six binomial sds
+    mask = rng.random(numel, dtype=np.float32) < min(1.0, fraction + slack)
+    on = np.flatnonzero(mask)
+    assert len(on) >= want, "the slack covers the binomial spread"
+    mask[on[want:]] = False
+    new = old.copy()
+    new[mask] ^= rng.integers(1, 0x80, size=want, dtype=np.uint16)  # low mantissa bits move
+    return old, new
+
+
+def median_s(fn: Callable[[], Any], repeats: int) -> float:
+    fn()  # warm-up: page faults, torch's first-call setup
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def backends() -> dict[str, Callable[[np.ndarray], Any]]:
+    """Each backend's view of a uint16 bits array, without a copy."""
+    out: dict[str, Callable[[np.ndarray], Any]] = {"numpy": lambda bits: bits}
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+
+        out["torch"] = lambda bits: torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16)
+    return out
+
+
+def row(backend: str, what: str, numel: int, enc_s: float, app_s: float, blob: bytes) -> str:
+    gb = 2 * numel / 1e9
+    enc, app = gb / enc_s, gb / app_s
+    ok = "yes" if min(enc, app) >= TARGET_GBS else "NO"
+    header = read_header(blob)
+    return (
+        f"{backend:6} {what:12} {header.encoding.name.lower():6} blob {len(blob) / 2**20:8.2f} MiB "
+        f"({len(blob) / (2 * numel):6.1%})  encode {enc_s * 1e3:7.1f} ms {enc:6.2f} GB/s  "
+        f"apply {app_s * 1e3:7.1f} ms {app:6.2f} GB/s  >= {TARGET_GBS} GB/s: {ok}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="16 MiB and 3 repeats")
+    parser.add_argument("--mib", type=int, default=None, help="tensor size in MiB of bf16")
+    parser.add_argument("--repeats", type=int, default=None)
+    args = parser.parse_args()
+    mib = args.mib or (16 if args.quick else 256)
+    repeats = args.repeats or (3 if args.quick else 5)
+    numel = mib * 2**20 // 2
+    views = backends()
+    threads = ""
+    if "torch" in views:
+        import torch
+
+        threads = f", torch {torch.__version__} with {torch.get_num_threads()} threads"
+    print(
+        f"{mib} MiB of bf16 ({numel} elements), median of {repeats}; {os.cpu_count()} CPUs"
+        f", numpy {np.__version__}{threads}"
+    )
+    for fraction in FRACTIONS:
+        old, new = weights(numel, fraction)
+        for name, view in views.items():
+            o, n, target = view(old), view(new), view(old.copy())
+            blob = encode(n, old=o, version=1, base_version=0)
+            enc_s = median_s(lambda n=n, o=o: encode(n, old=o, version=1, base_version=0), repeats)
+            # Applying the same delta again rewrites the same bits: every repeat does full work.
+            app_s = median_s(
+                lambda b=blob, t=target: apply(b, t, current_version=0, inplace=True), repeats
+            )
+            assert np.array_equal(target_bits(target), new), "apply reproduces the new bits"
+            print(row(name, f"{fraction:.0%} changed", numel, enc_s, app_s, blob))
+    old, _ = weights(numel, 0.0)
+    for name, view in views.items():
+        o, target = view(old), view(np.zeros_like(old))
+        blob = encode(o, version=1)
+        enc_s = median_s(lambda o=o: encode(o, version=1), repeats)
+        app_s = median_s(
+            lambda b=blob, t=target: apply(b, t, current_version=None, inplace=True), repeats
+        )
+        print(row(name, "dense", numel, enc_s, app_s, blob))
+
+
+def target_bits(target: Any) -> np.ndarray:
+    if isinstance(target, np.ndarray):
+        return target
+    import torch
+
+    return target.view(torch.int16).numpy().view(np.uint16)
+
+
+if __name__ == "__main__":
+    main()
