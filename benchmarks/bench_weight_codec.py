@@ -13,12 +13,13 @@ exactly the stated fraction, so 20% sits on the default dense threshold and stay
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import math
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -54,13 +55,32 @@ def median_s(fn: Callable[[], Any], repeats: int) -> float:
     return statistics.median(times)
 
 
-def backends() -> dict[str, Callable[[np.ndarray], Any]]:
-    """Each backend's view of a uint16 bits array, without a copy."""
-    out: dict[str, Callable[[np.ndarray], Any]] = {"numpy": lambda bits: bits}
+def backends() -> dict[str, tuple[Callable[[np.ndarray], Any], Callable[[], Any]]]:
+    """Each backend's view of a uint16 bits array (no copy), and the context to run it in.
+
+    `torch` is the backend as shipped: CPU tensors use numpy's kernels on views sharing their
+    memory. `torch-kern` forces torch's own kernels on CPU, the path CUDA tensors take."""
+    out: dict[str, tuple[Callable[[np.ndarray], Any], Callable[[], Any]]] = {
+        "numpy": (lambda bits: bits, contextlib.nullcontext)
+    }
     if importlib.util.find_spec("torch") is not None:
         import torch
 
-        out["torch"] = lambda bits: torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16)
+        from loom.state.weights.torch_ops import TORCH_OPS
+
+        def view(bits: np.ndarray) -> Any:
+            return torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16)
+
+        @contextlib.contextmanager
+        def torch_kernels() -> Iterator[None]:
+            TORCH_OPS.numpy_on_cpu = False
+            try:
+                yield
+            finally:
+                TORCH_OPS.numpy_on_cpu = True
+
+        out["torch"] = (view, contextlib.nullcontext)
+        out["torch-kern"] = (view, torch_kernels)
     return out
 
 
@@ -68,9 +88,9 @@ def row(backend: str, what: str, numel: int, enc_s: float, app_s: float, blob: b
     gb = 2 * numel / 1e9
     enc, app = gb / enc_s, gb / app_s
     ok = "yes" if min(enc, app) >= TARGET_GBS else "NO"
-    header = read_header(blob)
+    encoding = read_header(blob).encoding.name.lower()
     return (
-        f"{backend:6} {what:12} {header.encoding.name.lower():6} blob {len(blob) / 2**20:8.2f} MiB "
+        f"{backend:10} {what:11} {encoding:6} blob {len(blob) / 2**20:8.2f} MiB "
         f"({len(blob) / (2 * numel):6.1%})  encode {enc_s * 1e3:7.1f} ms {enc:6.2f} GB/s  "
         f"apply {app_s * 1e3:7.1f} ms {app:6.2f} GB/s  >= {TARGET_GBS} GB/s: {ok}"
     )
@@ -91,30 +111,35 @@ def main() -> None:
         import torch
 
         threads = f", torch {torch.__version__} with {torch.get_num_threads()} threads"
+    threads += f"; load average {os.getloadavg()[0]:.2f} before the run"
     print(
         f"{mib} MiB of bf16 ({numel} elements), median of {repeats}; {os.cpu_count()} CPUs"
         f", numpy {np.__version__}{threads}"
     )
     for fraction in FRACTIONS:
         old, new = weights(numel, fraction)
-        for name, view in views.items():
+        for name, (view, context) in views.items():
             o, n, target = view(old), view(new), view(old.copy())
-            blob = encode(n, old=o, version=1, base_version=0)
-            enc_s = median_s(lambda n=n, o=o: encode(n, old=o, version=1, base_version=0), repeats)
-            # Applying the same delta again rewrites the same bits: every repeat does full work.
-            app_s = median_s(
-                lambda b=blob, t=target: apply(b, t, current_version=0, inplace=True), repeats
-            )
+            with context():
+                blob = encode(n, old=o, version=1, base_version=0)
+                enc_s = median_s(
+                    lambda n=n, o=o: encode(n, old=o, version=1, base_version=0), repeats
+                )
+                # Applying the same delta again rewrites the same bits: each repeat does full work.
+                app_s = median_s(
+                    lambda b=blob, t=target: apply(b, t, current_version=0, inplace=True), repeats
+                )
             assert np.array_equal(target_bits(target), new), "apply reproduces the new bits"
             print(row(name, f"{fraction:.0%} changed", numel, enc_s, app_s, blob))
     old, _ = weights(numel, 0.0)
-    for name, view in views.items():
+    for name, (view, context) in views.items():
         o, target = view(old), view(np.zeros_like(old))
-        blob = encode(o, version=1)
-        enc_s = median_s(lambda o=o: encode(o, version=1), repeats)
-        app_s = median_s(
-            lambda b=blob, t=target: apply(b, t, current_version=None, inplace=True), repeats
-        )
+        with context():
+            blob = encode(o, version=1)
+            enc_s = median_s(lambda o=o: encode(o, version=1), repeats)
+            app_s = median_s(
+                lambda b=blob, t=target: apply(b, t, current_version=None, inplace=True), repeats
+            )
         print(row(name, "dense", numel, enc_s, app_s, blob))
 
 

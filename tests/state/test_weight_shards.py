@@ -374,8 +374,13 @@ def test_bad_layouts_say_what_is_wrong() -> None:
         TrainLayout(dp=0)
     with pytest.raises(ConfigError, match="appears twice"):
         plan_transfer(params + params[:1], TrainLayout(), ServeLayout())
+    plan = plan_transfer(params[:1], TrainLayout(), ServeLayout())
     with pytest.raises(ConfigError, match="changed_fraction"):
-        plan_transfer(params[:1], TrainLayout(), ServeLayout()).sent_bytes(1.5)
+        plan.sent_bytes(1.5)
+    with pytest.raises(ConfigError, match="serving rank 1 is not in"):
+        plan.fetches_for(1)
+    with pytest.raises(ConfigError, match="is not a rank of"):
+        plan.pieces_from(TrainRank(dp=1, pp=0, tp=0))
 
 
 def test_stages_split_layers_contiguously() -> None:

@@ -179,10 +179,14 @@ class TransferPlan:
 
     def pieces_from(self, rank: TrainRank) -> tuple[Piece, ...]:
         """What training rank `rank` publishes."""
+        if rank not in self._by_src:
+            raise ConfigError(f"{rank} is not a rank of {self.train}")
         return self._by_src[rank]
 
     def fetches_for(self, serve_rank: int) -> tuple[Fetch, ...]:
         """What serving TP rank `serve_rank` pulls."""
+        if not 0 <= serve_rank < self.serve.tp:
+            raise ConfigError(f"serving rank {serve_rank} is not in [0, {self.serve.tp})")
         return self.fetches[serve_rank]
 
     def sent_bytes(
