@@ -272,6 +272,7 @@ def test_bf16_helpers_round_to_nearest_even() -> None:
 
 def torch_kernels(on: bool) -> Any:
     """With `on`, CPU tensors run torch's own kernels (the path a GPU takes), not numpy's."""
+    pytest.importorskip("torch", reason="needs the torch extra")
     from loom.state.weights.torch_ops import TORCH_OPS
 
     return patched(TORCH_OPS, "numpy_on_cpu", not on)
