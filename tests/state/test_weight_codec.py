@@ -54,7 +54,9 @@ def as_torch(bits: np.ndarray) -> Any:
 
 
 def as_bits(tensor: Any) -> np.ndarray:
-    return tensor.view(__import__("torch").int16).numpy().view(np.uint16)
+    import torch
+
+    return tensor.view(torch.int16).numpy().view(np.uint16)
 
 
 @contextmanager
