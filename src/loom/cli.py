@@ -102,6 +102,16 @@ def _select(tasks: Iterable[Task], only: str) -> tuple[Iterator[Task], int]:
 
 
 serve_app = typer.Typer(help="Run Loom's runtime services.", no_args_is_help=True)
+# The bearer token of every service (`--token` or LOOM_TOKEN).
+TokenOption = Annotated[
+    str | None,
+    typer.Option(
+        "--token",
+        envvar="LOOM_TOKEN",
+        help="bearer token every route but /healthz requires (needed beyond loopback)",
+        show_default=False,
+    ),
+]
 app.add_typer(serve_app, name="serve")
 
 
@@ -149,15 +159,7 @@ def serve_actions(
             "--trajectory-idle-s", help="end a trajectory (free its memory) after this idle time"
         ),
     ] = None,
-    token: Annotated[
-        str | None,
-        typer.Option(
-            "--token",
-            envvar="LOOM_TOKEN",
-            help="bearer token every route but /healthz requires (needed beyond loopback)",
-            show_default=False,
-        ),
-    ] = None,
+    token: TokenOption = None,
 ) -> None:
     """Serve tool and reward actions over HTTP, scheduled by an action policy."""
     from loom.core.errors import ConfigError
@@ -224,15 +226,7 @@ def serve_relay(
             "--member-ttl-s", help="a member silent this long is gone (default: until it leaves)"
         ),
     ] = None,
-    token: Annotated[
-        str | None,
-        typer.Option(
-            "--token",
-            envvar="LOOM_TOKEN",
-            help="bearer token every route but /healthz requires (needed beyond loopback)",
-            show_default=False,
-        ),
-    ] = None,
+    token: TokenOption = None,
 ) -> None:
     """Relay model weights from training ranks to serving ranks over HTTP (ROSE's relay
     store): versioned objects pushed in buckets, pulled in batches, kept while a member needs
