@@ -63,7 +63,10 @@ def _floats(text: str) -> list[float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     ap.add_argument("--reward", type=_floats, default=[20.0, 28.0, 40.0], help="reward medians, s")
     ap.add_argument("--llm", type=_floats, default=[1.5, 2.0, 3.0], help="LLM medians per turn, s")
     ap.add_argument("--nodes", type=int, default=5, help="256-core CPU nodes (Table 1: five)")
