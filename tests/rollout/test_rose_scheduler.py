@@ -115,6 +115,7 @@ def test_bad_input_is_refused() -> None:
         ElasticRouter(cap_per_gpu=0)
     with pytest.raises(UnknownPolicyError, match="pin"):
         ROSE_ROUTERS.get("random")
+    assert ROSE_ROUTERS.get("pin")(cap_per_gpu=2).kind == RoutingKind.PIN
     assert r.withdraw(1) and not r.withdraw(1)
 
 

@@ -1,17 +1,25 @@
 """What the clients share: an error that carries the service's status and message, reading it
-from a response, and the bearer token header."""
+from a response, the bearer token header, and owning an httpx client (closing it, `with`)."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from types import TracebackType
+from typing import Any, Self
 
 import httpx
 
 from loom.core.errors import ServiceError  # defined there so services can raise it too
 
-__all__ = ["ServiceError", "bearer_headers", "checked", "fastapi_detail"]
+__all__ = [
+    "AsyncHttpClient",
+    "HttpClient",
+    "ServiceError",
+    "bearer_headers",
+    "checked",
+    "fastapi_detail",
+]
 
 
 def checked(
@@ -44,3 +52,53 @@ def bearer_headers(token: str | None) -> dict[str, str]:
     """The Authorization header for `token` (None: `LOOM_TOKEN` if set; no header without)."""
     token = token if token is not None else os.environ.get("LOOM_TOKEN")
     return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+class HttpClient:
+    """Owns `self.http`, a synchronous httpx client of `base_url` with the bearer token."""
+
+    def __init__(
+        self, base_url: str, *, token: str | None, timeout_s: float, **httpx_options: Any
+    ) -> None:
+        self.http = httpx.Client(
+            base_url=base_url, timeout=timeout_s, headers=bearer_headers(token), **httpx_options
+        )
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class AsyncHttpClient:
+    """Owns `self.http`, an httpx.AsyncClient of `base_url` with the bearer token."""
+
+    def __init__(
+        self, base_url: str, *, token: str | None, timeout_s: float, **httpx_options: Any
+    ) -> None:
+        self.http = httpx.AsyncClient(
+            base_url=base_url, timeout=timeout_s, headers=bearer_headers(token), **httpx_options
+        )
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()

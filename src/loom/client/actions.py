@@ -17,12 +17,11 @@
 from __future__ import annotations
 
 import time
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import httpx
 
-from loom.client._http import ServiceError, bearer_headers, checked, fastapi_detail
+from loom.client._http import AsyncHttpClient, HttpClient, ServiceError, checked, fastapi_detail
 
 __all__ = ["TERMINAL", "ActionClient", "ActionError", "AsyncActionClient"]
 
@@ -55,7 +54,7 @@ class _Deadline:
         return min(_POLL_S, left)
 
 
-class ActionClient:
+class ActionClient(HttpClient):
     """A synchronous client; `timeout_s` bounds one HTTP request."""
 
     def __init__(
@@ -66,23 +65,7 @@ class ActionClient:
         timeout_s: float = _POLL_S + 30.0,
         **httpx_options: Any,
     ) -> None:
-        self.http = httpx.Client(
-            base_url=base_url, timeout=timeout_s, headers=bearer_headers(token), **httpx_options
-        )
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self.http.close()
+        super().__init__(base_url, token=token, timeout_s=timeout_s, **httpx_options)
 
     def submit(self, trajectory_id: str, **fields: Any) -> str:
         """Queue an action (`command=`, `service=` or `api=`, and its options); its id."""
@@ -121,7 +104,7 @@ class ActionClient:
         return out
 
 
-class AsyncActionClient:
+class AsyncActionClient(AsyncHttpClient):
     """The same operations, awaitable."""
 
     def __init__(
@@ -132,23 +115,7 @@ class AsyncActionClient:
         timeout_s: float = _POLL_S + 30.0,
         **httpx_options: Any,
     ) -> None:
-        self.http = httpx.AsyncClient(
-            base_url=base_url, timeout=timeout_s, headers=bearer_headers(token), **httpx_options
-        )
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        await self.http.aclose()
+        super().__init__(base_url, token=token, timeout_s=timeout_s, **httpx_options)
 
     async def submit(self, trajectory_id: str, **fields: Any) -> str:
         resp = await self.http.post("/v1/actions", json=_body(trajectory_id, fields))

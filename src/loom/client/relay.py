@@ -18,12 +18,11 @@ import builtins
 import contextlib
 from collections.abc import Iterator, Sequence
 from functools import partial
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import httpx
 
-from loom.client._http import bearer_headers, checked, fastapi_detail
+from loom.client._http import HttpClient, checked, fastapi_detail
 from loom.runtime.relay.errors import (
     InvalidRequestError,
     RelayError,
@@ -70,7 +69,7 @@ def _member(body: dict[str, Any]) -> Member:
     return Member(member_id=body["member_id"], role=Role(body["role"]), version=body["version"])
 
 
-class RelayClient:
+class RelayClient(HttpClient):
     """A synchronous `WeightStore` over HTTP. `timeout_s` bounds each wait for the relay (to
     connect, or between bytes of an answer), not a whole transfer."""
 
@@ -83,12 +82,7 @@ class RelayClient:
         **httpx_options: Any,
     ) -> None:
         self.base_url = base_url.rstrip("/")
-        self._http = httpx.Client(
-            base_url=self.base_url,
-            timeout=timeout_s,
-            headers=bearer_headers(token),
-            **httpx_options,
-        )
+        super().__init__(self.base_url, token=token, timeout_s=timeout_s, **httpx_options)
 
     @contextlib.contextmanager
     def _reaching(self, what: str) -> Iterator[None]:
@@ -103,7 +97,7 @@ class RelayClient:
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         with self._reaching(f"{method} {path}"):
-            resp = self._http.request(method, path, **kwargs)
+            resp = self.http.request(method, path, **kwargs)
         return _check(resp)
 
     # -- objects ---------------------------------------------------------------------------
@@ -127,7 +121,7 @@ class RelayClient:
     def get_with_version(self, key: str) -> tuple[bytes, int]:
         check_key(key)
         with self._reaching(f"GET {key}"):
-            resp = self._http.get(f"/v1/objects/{key}")
+            resp = self.http.get(f"/v1/objects/{key}")
         if resp.is_error:
             _check(resp)
         return resp.content, int(resp.headers[VERSION_HEADER])
@@ -142,7 +136,7 @@ class RelayClient:
         decoder = BatchDecoder()
         with (
             self._reaching(what),
-            self._http.stream("POST", "/v1/objects:batch", json={"keys": keys}) as resp,
+            self.http.stream("POST", "/v1/objects:batch", json={"keys": keys}) as resp,
         ):
             if resp.is_error:
                 resp.read()
@@ -205,17 +199,3 @@ class RelayClient:
         """Bytes stored and the cap, objects, versions, members, versions dropped."""
         stats: dict[str, int] = self._call("GET", "/v1/stats")
         return stats
-
-    def close(self) -> None:
-        self._http.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from loom.client._http import ServiceError, checked
+from loom.client._http import AsyncHttpClient, ServiceError, checked
 
 __all__ = ["RolloutClient", "RolloutError", "TrajectoryHandle"]
 
@@ -32,25 +32,12 @@ def _check(resp: httpx.Response) -> Any:
     return checked(resp, RolloutError, lambda body: str(body["error"]["message"]))
 
 
-class RolloutClient:
+class RolloutClient(AsyncHttpClient):
     """`base_url`: the router. `timeout_s` bounds one request (a long turn may take minutes)."""
 
     def __init__(self, base_url: str, *, timeout_s: float = 600.0, **httpx_options: Any) -> None:
-        self.http = httpx.AsyncClient(base_url=base_url, timeout=timeout_s, **httpx_options)
-
-    async def __aenter__(self) -> RolloutClient:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        await self.http.aclose()
+        # the router takes no bearer token: "" sends none (None would read LOOM_TOKEN)
+        super().__init__(base_url, token="", timeout_s=timeout_s, **httpx_options)
 
     async def declare(self, trajectories: Sequence[Mapping[str, Any]]) -> dict[str, str]:
         """Declare a batch before it starts (each: id, prompt_id or prompt, optional group and

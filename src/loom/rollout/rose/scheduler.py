@@ -17,9 +17,10 @@ A plain object over worker views: no I/O, no clock of its own.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import partial
 from typing import Protocol
 
 from loom.core.errors import ConfigError
@@ -212,6 +213,9 @@ class ElasticRouter:
         return best
 
 
-ROSE_ROUTERS: Registry[RoutingKind, type[ElasticRouter]] = Registry("rose routing", RoutingKind)
+# Each kind builds its router: `ROSE_ROUTERS.get("pin")(cap_per_gpu=16)`.
+ROSE_ROUTERS: Registry[RoutingKind, Callable[..., ElasticRouter]] = Registry(
+    "rose routing", RoutingKind
+)
 for _kind in RoutingKind:
-    ROSE_ROUTERS.add(_kind, ElasticRouter)
+    ROSE_ROUTERS.add(_kind, partial(ElasticRouter, _kind))
