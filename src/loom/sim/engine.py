@@ -25,7 +25,7 @@ class Engine:
     they reach the top of the heap, so cancelling is O(1).
     """
 
-    __slots__ = ("_cancelled", "_heap", "_seq", "events_run", "now")
+    __slots__ = ("_cancelled", "_heap", "_seq", "_stopped", "events_run", "now")
 
     def __init__(self, start: float = 0.0) -> None:
         self.now = start
@@ -33,6 +33,7 @@ class Engine:
         self._seq = 0
         self._cancelled: set[int] = set()
         self.events_run = 0
+        self._stopped = False
 
     def schedule(
         self, time: float, fn: Callable[..., Any], *args: Any, priority: int = 0
@@ -56,6 +57,10 @@ class Engine:
         if 0 <= event_id < self._seq:
             self._cancelled.add(event_id)
 
+    def stop(self) -> None:
+        """End the current `run` after the event in progress; pending events stay queued."""
+        self._stopped = True
+
     @property
     def pending(self) -> int:
         """Events still queued (cancelled ones not yet dropped included)."""
@@ -68,7 +73,8 @@ class Engine:
         limit = math.inf if until is None else until
         budget = -1 if max_events is None else max_events
         ran = 0
-        while heap and ran != budget:
+        self._stopped = False
+        while heap and ran != budget and not self._stopped:
             if heap[0][0] > limit:
                 break
             time, _prio, seq, fn, args = pop(heap)

@@ -216,19 +216,12 @@ class RolloutSimulator:
     # ---- callbacks ---------------------------------------------------------------------
     def _turn_done(self, t: TrajState, w: Worker) -> None:
         turn = t.spec.turns[t.steps_done]
-        t.context += turn.input_tokens + turn.output_tokens
-        t.generated += turn.output_tokens
-        t.turn_generated = 0
-        t.steps_done += 1
-        if t.steps_done == t.spec.num_turns:
-            t.status = TrajectoryStatus.FINISHED
-            t.finish_s = self.eng.now
+        if t.end_turn(self.eng.now):
             self._active -= 1
             self._series.append((self.eng.now, self._active))
             self.router.finish(t)
             self._schedule_rebalance()
             return
-        t.status = TrajectoryStatus.IN_TOOL
         t.host = w.idx
         t.tool_returned = False
         w.put_idle(t, t.context)

@@ -65,6 +65,21 @@ class TrajState:
     def turn_output(self) -> int:
         return self.spec.turns[self.steps_done].output_tokens
 
+    def end_turn(self, now: float) -> bool:
+        """The current turn finished at `now`: fold it into the context; True when it was the
+        trajectory's last (the trajectory is then FINISHED)."""
+        turn = self.spec.turns[self.steps_done]
+        self.context += turn.input_tokens + turn.output_tokens
+        self.generated += turn.output_tokens
+        self.turn_generated = 0
+        self.steps_done += 1
+        if self.steps_done == self.spec.num_turns:
+            self.status = TrajectoryStatus.FINISHED
+            self.finish_s = now
+            return True
+        self.status = TrajectoryStatus.IN_TOOL
+        return False
+
     def full_context(self) -> int:
         """Tokens the current turn's KV must hold right now (before its next token)."""
         return self.context + self.turn_input + self.turn_generated

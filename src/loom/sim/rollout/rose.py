@@ -1,0 +1,404 @@
+"""ROSE's rollout on dedicated rollout GPUs plus lent serving instances (§4.3), simulated.
+
+The driver owns time and the trajectories; ROSE's `ElasticRouter` decides where each turn
+goes and may hold it in its central queue; dedicated workers are the rollout simulator's
+`Worker`s, lent instances `CoServingWorker`s that also serve a slice of the online traffic.
+Lent workers join when the step's weights land on them (the transfer runs beside the
+dedicated rollouts) and leave their turns to the router when a memory cut aborts them, when
+they stall, or when they fail; such a turn is re-routed with its partial output. Three ways to
+feed trajectories: a fixed batch (GRPO), groups launched until enough groups are valid (DAPO's
+redundant sampling), and a stream that keeps a fixed number alive (AReaL).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from loom.core.errors import ConfigError
+from loom.core.trajectory import TrajectorySpec, TrajectoryStatus
+from loom.perf.latency import LatencyModel
+from loom.rollout.baselines import FcfsScheduler
+from loom.rollout.rose.admission import Role
+from loom.rollout.rose.memory import MemorySharing
+from loom.rollout.rose.scheduler import ElasticRouter, WorkerKind
+from loom.sim.engine import Engine
+from loom.sim.rollout.coserve import CoServeConfig, CoServingWorker, ServingRequest
+from loom.sim.rollout.state import TrajState
+from loom.sim.rollout.worker import Worker
+from loom.sim.workloads.serving import ServingTrace
+
+__all__ = ["LentInstance", "RoseRollout", "RoseRolloutResult"]
+
+
+@dataclass
+class LentInstance:
+    """A serving instance lent to the job, kept across RL steps (its memory policy remembers
+    the serving peaks)."""
+
+    config: CoServeConfig
+    memory: MemorySharing
+    tp: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoseRolloutResult:
+    makespan_s: float
+    output_tokens: int
+    prefill_tokens: int  # prefilled, recomputation included
+    input_tokens: int  # Fig. 1's prefill tokens: each turn's whole context
+    finish_s: np.ndarray  # per trajectory (relative to the step's start)
+    ttft_s: np.ndarray  # serving requests prefilled on lent instances
+    tpot_s: np.ndarray
+    stalls: int
+    aborts: int
+    cuts: int
+    launched: int  # trajectories started (DAPO launches more than it keeps)
+    kept: int  # trajectories the step trains on
+    kept_tokens: int  # their sequences' tokens (prompt, outputs, tool outputs): what trains
+    kept_tokens_by_finish: tuple[int, ...]  # each kept trajectory's, in finishing order
+    events: int
+    lent_busy_s: float  # rollout seconds on lent instances
+
+
+@dataclass
+class _Feed:
+    """How trajectories enter: all at once, by validity-checked groups, or as a stream."""
+
+    specs: Sequence[TrajectorySpec]
+    initial: int  # how many start at t0
+    refill: Callable[[RoseRollout, TrajState], int] | None = None  # more to start on a finish
+    done: Callable[[RoseRollout], bool] | None = None  # the step's batch is complete
+    keep: Callable[[TrajState], bool] | None = None  # what trains (default: every finished)
+
+
+class _View:
+    """What the router reads of a worker; a dedicated worker is always at `version`."""
+
+    __slots__ = ("_w", "dedicated_version", "gpus", "idx", "kind")
+
+    def __init__(self, w: Worker, kind: WorkerKind, version: int) -> None:
+        self._w, self.kind, self.idx, self.gpus = w, kind, w.idx, w.tp
+        self.dedicated_version = version
+
+    @property
+    def running(self) -> int:
+        return self._w.load
+
+    @property
+    def alive(self) -> bool:
+        return getattr(self._w, "alive", True)
+
+    @property
+    def activated(self) -> bool:
+        return getattr(self._w, "activated", True)
+
+    @property
+    def version(self) -> int:
+        return getattr(self._w, "version", self.dedicated_version)
+
+    @property
+    def free_pages(self) -> int:
+        return getattr(self._w, "free_pages", 1 << 30)
+
+    @property
+    def slack_s(self) -> float:
+        return getattr(self._w, "slack_s", math.inf)
+
+    def holds_prefix(self, traj_id: int) -> bool:
+        return self._w.cached_tokens(traj_id) > 0
+
+
+class RoseRollout:
+    """One RL step's rollout (or an AReaL stream) over dedicated and lent workers."""
+
+    def __init__(
+        self,
+        trajectories: Sequence[TrajectorySpec],
+        *,
+        router: ElasticRouter,
+        dedicated_tp: Sequence[int],
+        rollout_latency: Callable[[int], LatencyModel],
+        serving_latency: Callable[[int], LatencyModel],
+        rollout_kv_bytes: int,
+        serving_kv_bytes: int,
+        lent: Sequence[LentInstance] = (),
+        serving: ServingTrace | None = None,
+        serving_offset_s: float = 0.0,
+        start_s: float = 0.0,
+        step: int = 0,
+        version: int = 0,
+        weights_delay_s: float = 0.0,
+        cap_per_gpu: int = 16,
+        chunk_tokens: int = 8192,
+        feed: _Feed | None = None,
+        tokens_per_page: int | None = None,
+    ) -> None:
+        if not trajectories:
+            raise ConfigError("a rollout needs at least one trajectory")
+        if not dedicated_tp and not lent:
+            raise ConfigError("a rollout needs at least one worker")
+        self.eng = Engine(start=start_s)
+        self.step = step
+        self._drain_due = False
+        self.t0 = start_s
+        self.router = router
+        self.router.set_version(max(router.version, version))
+        self.version = version
+        self.specs = list(trajectories)
+        self.trajs: dict[int, TrajState] = {}
+        sched = FcfsScheduler()
+        self.workers: list[Worker] = []
+        self.views: list[_View] = []
+        for tp in dedicated_tp:
+            w = Worker(
+                idx=len(self.workers),
+                tp=tp,
+                node=0,
+                latency=rollout_latency(tp),
+                scheduler=sched,
+                engine=self.eng,
+                max_running=cap_per_gpu * tp,
+                chunk_tokens=chunk_tokens,
+                decode_reserve=0,
+                on_turn_done=self._turn_done,
+            )
+            self.workers.append(w)
+            self.views.append(_View(w, WorkerKind.DEDICATED, version))
+        self.lent: list[CoServingWorker] = []
+        for inst in lent:
+            w = CoServingWorker(
+                idx=len(self.workers),
+                tp=inst.tp,
+                node=1,
+                latency=rollout_latency(inst.tp),
+                serving_latency=serving_latency(inst.tp),
+                rollout_kv_bytes=rollout_kv_bytes,
+                serving_kv_bytes=serving_kv_bytes,
+                config=inst.config,
+                memory=inst.memory,
+                scheduler=sched,
+                engine=self.eng,
+                max_running=cap_per_gpu * inst.tp,
+                on_turn_done=self._turn_done,
+                on_abort=self._aborted,
+                on_prefilled=self._prefilled,
+                on_capacity=lambda _w: self._schedule_drain(),
+            )
+            self.workers.append(w)
+            self.lent.append(w)
+            self.views.append(_View(w, WorkerKind.LENT, version))
+        self.prefillers = [w for w in self.lent if w.cfg.role == Role.PREFILL]
+        self.decoders = [w for w in self.lent if w.cfg.role == Role.DECODE]
+        if self.lent and (not self.prefillers or not self.decoders) and serving is not None:
+            raise ConfigError("serving traffic needs at least one prefiller and one decoder")
+        self.tpp = tokens_per_page or (self.lent[0].r_tpp if self.lent else 1)
+        self.serving = serving
+        self.serving_offset = serving_offset_s
+        self.weights_delay_s = weights_delay_s
+        self.feed = feed or _Feed(self.specs, len(self.specs))
+        self._next_spec = 0
+        self._launched = 0
+        self._active = 0
+        self._finished: list[TrajState] = []
+        self._drain_due = False
+        self._done = False
+        self._ran = False
+        self._serving_idx = 0
+        self._sreq = 0
+
+    # ---- run -----------------------------------------------------------------------------
+    def run(self) -> RoseRolloutResult:
+        if self._ran:
+            raise RuntimeError("a RoseRollout runs once; build a new one")
+        self._ran = True
+        for w in self.lent:
+            w.begin_step(self.step)
+        if self.lent:
+            if self.weights_delay_s > 0:
+                self.eng.after(self.weights_delay_s, self._weights_landed, priority=0)
+            else:
+                self._weights_landed()
+        self._start_serving()
+        for _ in range(min(self.feed.initial, len(self.feed.specs))):
+            self._launch()
+        self.eng.run()
+        return self._result()
+
+    @property
+    def active(self) -> int:
+        """Trajectories launched and not finished."""
+        return self._active
+
+    @property
+    def finished(self) -> int:
+        return len(self._finished)
+
+    def _launch(self) -> None:
+        spec = self.feed.specs[self._next_spec]
+        self._next_spec += 1
+        t = TrajState(spec, ())
+        t.first_arrival_s = self.eng.now
+        self.trajs[spec.traj_id] = t
+        self._launched += 1
+        self._active += 1
+        self._submit(t)
+
+    def _weights_landed(self) -> None:
+        for w in self.lent:
+            w.set_version(self.version)
+        self._schedule_drain()
+
+    # ---- routing -------------------------------------------------------------------------
+    def _pages(self, tokens: int) -> int:
+        return -(-tokens // self.tpp)
+
+    def _submit(self, t: TrajState) -> None:
+        ctx = t.full_context()
+        affine = self.router.affine(t.traj_id)
+        cached = self.workers[affine].cached_tokens(t.traj_id) if affine is not None else 0
+        t.status = TrajectoryStatus.PENDING
+        t.turn_arrival_s = self.eng.now
+        target = self.router.submit(
+            t.traj_id, self._pages(ctx - cached), self._pages(ctx), self.views
+        )
+        if target is not None:
+            self.workers[target].enqueue(t)
+
+    def _schedule_drain(self) -> None:
+        if not self._drain_due and self.router.queued:
+            self._drain_due = True
+            self.eng.after(0.0, self._drain, priority=3)
+
+    def _drain(self) -> None:
+        self._drain_due = False
+        touched = set()
+        for traj_id, target in self.router.drain(self.views):
+            t = self.trajs[traj_id]
+            t.queue_delay_s += self.eng.now - t.turn_arrival_s
+            self.workers[target].enqueue(t, poke=False)
+            touched.add(target)
+        for w in sorted(touched):
+            self.workers[w].poke()
+
+    # ---- worker callbacks ----------------------------------------------------------------
+    def _turn_done(self, t: TrajState, w: Worker) -> None:
+        turn = t.spec.turns[t.steps_done]
+        self._schedule_drain()
+        if t.end_turn(self.eng.now):
+            self._active -= 1
+            self.router.finish(t.traj_id)
+            self._finished.append(t)
+            self._on_finish(t)
+            return
+        t.host = w.idx
+        w.put_idle(t, t.context)
+        assert turn.tool_latency_s is not None
+        self.eng.after(turn.tool_latency_s, self._submit, t, priority=0)
+
+    def _aborted(self, t: TrajState, w: CoServingWorker, why: str) -> None:
+        """A lent worker gave the turn back (memory cut, stall, failure): re-route it with
+        its partial output; it prefills its context again wherever it lands."""
+        self.eng.after(0.0, self._submit, t, priority=1)
+
+    def _on_finish(self, t: TrajState) -> None:
+        feed = self.feed
+        if feed.done is not None and feed.done(self):
+            self._stop()
+            return
+        more = feed.refill(self, t) if feed.refill is not None else 0
+        for _ in range(min(more, len(feed.specs) - self._next_spec)):
+            self._launch()
+        if self._active == 0 and (feed.refill is None or self._next_spec >= len(feed.specs)):
+            self._stop()
+
+    def _stop(self) -> None:
+        """The step's batch is complete: trajectories still running are dropped (DAPO's
+        surplus, AReaL's next batch); the serving stream stops feeding."""
+        self._done = True
+        self.eng.stop()
+
+    # ---- serving -------------------------------------------------------------------------
+    def _start_serving(self) -> None:
+        if self.serving is None or not self.lent:
+            return
+        arr = self.serving.arrival_s
+        self._serving_idx = int(np.searchsorted(arr, self.serving_offset, side="left"))
+        self._next_arrival()
+
+    def _next_arrival(self) -> None:
+        arr = self.serving
+        assert arr is not None
+        i = self._serving_idx
+        if self._done or i >= len(arr.arrival_s):
+            return
+        at = self.t0 + float(arr.arrival_s[i]) - self.serving_offset
+        self.eng.schedule(max(at, self.eng.now), self._arrive, i, priority=0)
+
+    def _arrive(self, i: int) -> None:
+        assert self.serving is not None
+        self._serving_idx = i + 1
+        if self._done:
+            return
+        self._sreq += 1
+        req = ServingRequest(
+            req_id=self._sreq,
+            arrival_s=self.eng.now,
+            prompt=max(1, int(self.serving.prompt_tokens[i])),
+            output=max(1, int(self.serving.output_tokens[i])),
+        )
+        w = min(self.prefillers, key=lambda p: (len(p.s_queue), p.idx))
+        w.serve_prefill(req)
+        self._next_arrival()
+
+    def _prefilled(self, req: ServingRequest, _w: CoServingWorker) -> None:
+        w = min(self.decoders, key=lambda d: (len(d.s_active) + len(d.s_wait), d.idx))
+        w.serve_decode(req)
+
+    # ---- result --------------------------------------------------------------------------
+    def _result(self) -> RoseRolloutResult:
+        kept = self._kept()
+        lost = [t for t in kept if t.status != TrajectoryStatus.FINISHED]
+        assert not lost, f"trajectories never finished: {[t.traj_id for t in lost[:10]]}"
+        finish = np.array([t.finish_s - self.t0 for t in kept])
+        makespan = float(finish.max()) if len(finish) else 0.0
+        ttft = [x for w in self.lent for x in w.stats.ttft]
+        tpot = [x for w in self.lent for x in w.stats.tpot]
+        return RoseRolloutResult(
+            makespan_s=makespan,
+            output_tokens=sum(t.generated for t in self.trajs.values()),
+            prefill_tokens=sum(w.prefill_tokens for w in self.workers),
+            input_tokens=sum(_input_tokens(t) for t in self.trajs.values()),
+            finish_s=finish,
+            ttft_s=np.array(ttft),
+            tpot_s=np.array(tpot),
+            stalls=sum(w.stalls for w in self.lent),
+            aborts=sum(w.aborts for w in self.lent),
+            cuts=sum(w.mem.cuts for w in self.lent),
+            launched=self._launched,
+            kept=len(kept),
+            kept_tokens=sum(t.context for t in kept),
+            kept_tokens_by_finish=tuple(
+                t.context for t in sorted(kept, key=lambda t: (t.finish_s, t.traj_id))
+            ),
+            events=self.eng.events_run,
+            lent_busy_s=sum(w.rollout_busy_s for w in self.lent),
+        )
+
+    def _kept(self) -> list[TrajState]:
+        if self.feed.done is None:
+            return list(self.trajs.values())
+        keep = self.feed.keep
+        return [t for t in self._finished if keep is None or keep(t)]
+
+
+def _input_tokens(t: TrajState) -> int:
+    """Fig. 1's prefill tokens of the turns done: each turn reads its whole context."""
+    total, ctx = 0, 0
+    for turn in t.spec.turns[: t.steps_done]:
+        total += ctx + turn.input_tokens
+        ctx += turn.input_tokens + turn.output_tokens
+    return total
