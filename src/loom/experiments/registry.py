@@ -17,6 +17,7 @@ class SystemKind(StrEnum):
     HEDDLE = "heddle"
     TANGRAM = "tangram"
     ROLLMUX = "rollmux"
+    ROSE = "rose"
 
 
 @dataclass(frozen=True)
@@ -66,3 +67,16 @@ def _rollmux() -> Reproduction:
 
 
 SYSTEMS.add(SystemKind.ROLLMUX, _rollmux())
+
+
+def _rose() -> Reproduction:
+    from loom.experiments import rose
+
+    return Reproduction(
+        tasks=lambda seed, quick: rose.run_experiments(seed, quick),
+        plot=rose.plot,
+        summary=rose.summary,
+    )
+
+
+SYSTEMS.add(SystemKind.ROSE, _rose())

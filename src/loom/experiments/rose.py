@@ -37,8 +37,14 @@ from loom.rollout.rose.scheduler import ROSE_ROUTERS, RoutingKind
 from loom.sim.rollout.coserve import CoServeConfig
 from loom.sim.rollout.rose import LentInstance, RoseRollout, RoseRolloutResult, _Feed
 from loom.sim.rollout.state import TrajState
-from loom.sim.workloads.rose import RoseWorkload, train_time_s
-from loom.sim.workloads.serving import ServingTrace, rps_at_utilisation, synthetic_day
+from loom.sim.workloads.rose import Algorithm, RoseWorkload, train_time_s
+from loom.sim.workloads.serving import (
+    PAPER_SM_UTILISATION,
+    Azure2023,
+    ServingTrace,
+    azure_2023,
+    synthetic_day,
+)
 
 __all__ = ["Algo", "RoseSystem", "TrainRun", "plot", "run_experiments", "summary", "train"]
 
@@ -176,13 +182,22 @@ def _rollout(
 
 
 def _serving_day(wl: RoseWorkload, system: RoseSystem, seed: int) -> ServingTrace | None:
-    """The lent slice's share of the serving day: the rate that keeps its GPUs' SMs 18.9%
-    busy (Fig. 3b) at density 1."""
+    """The lent slice's share of the serving day. NOTE: its rate keeps the slice's prefillers
+    busy 18.9% of the time on average at density 1 (Fig. 3b's mean SM utilisation): under PD
+    disaggregation the prefillers do the compute-bound work that SM utilisation measures.
+    Spreading Fig. 3b's utilisation over every GPU instead (`rps_at_utilisation`) would load
+    the 1:3 split's prefillers at ~67% on average, past saturation at the day's minute peaks,
+    where the paper's serving meets its TTFT SLO even at twice the density (Table 5)."""
     gpus = wl.max_lent_gpus if system.lent_gpus < 0 else system.lent_gpus
-    if gpus <= 0:
+    prefillers = -(-(gpus // wl.rollout_tp) // PREFILL_EVERY)
+    if prefillers <= 0:
         return None
-    rps = rps_at_utilisation(gpus=gpus, model=wl.serving_model)
-    return synthetic_day(mean_rps=rps, hours=24.0, density=system.density, seed=seed)
+    sizes = azure_2023(Azure2023.CONV)
+    lat = RooflineLatencyModel(GPU, wl.serving_model, tp=wl.rollout_tp)
+    prompts = sizes.prompt_tokens[: min(len(sizes), 5000)]
+    mean_prefill = float(np.mean([lat.prefill_time(max(1, int(p))) for p in prompts]))
+    rps = PAPER_SM_UTILISATION * prefillers / mean_prefill
+    return synthetic_day(mean_rps=rps, hours=24.0, density=system.density, seed=seed, sizes=sizes)
 
 
 def transfer_s(wl: RoseWorkload) -> float:
@@ -190,6 +205,16 @@ def transfer_s(wl: RoseWorkload) -> float:
     from loom.experiments.rose_transfer import transfer_time_s
 
     return transfer_time_s(wl.model, "sparse")
+
+
+def training_steps(wl: RoseWorkload, algo: Algo, steps: int) -> list[int]:
+    """Which of the paper's training steps (§6: GRPO 100/40, DAPO 50/25) a run of `steps`
+    simulates: spread evenly over training, so that DAPO's share of valid groups, which
+    drifts as the model learns, is sampled from start to end."""
+    total = wl.steps[Algorithm.DAPO if algo == Algo.DAPO else Algorithm.GRPO]
+    if steps < 1:
+        raise ConfigError(f"steps must be >= 1, got {steps}")
+    return sorted({int(round(x)) for x in np.linspace(0, total - 1, min(steps, total))})
 
 
 def train(
@@ -211,13 +236,13 @@ def train(
     run = TrainRun(system=system.name, algo=algo)
     delay = transfer_s(wl) if lent else 0.0
     rollout_end, train_end = 0.0, [0.0, 0.0]  # the ends of training steps s-2 and s-1
-    p_valid = 1.0
-    for s in range(steps):
+    p_valid = DAPO_FIRST_VALID
+    for s, at in enumerate(training_steps(wl, algo, steps)):
         start = max(rollout_end, train_end[0])
         feed = None
-        specs = wl.sample(s)
+        specs = wl.sample(at)
         if algo == Algo.DAPO:
-            feed = _dapo_feed(wl, s, p_valid)
+            feed = _dapo_feed(wl, at, p_valid)
             specs = list(feed.specs)
         res = _rollout(
             wl,
@@ -231,10 +256,10 @@ def train(
             weights_delay_s=max(0.0, train_end[0] + delay - start),
             feed=feed,
         )
-        if algo == Algo.DAPO:
-            p_valid = max(
-                1.0 / DAPO_MAX_MULTIPLE, (wl.batch / wl.group) / (res.launched / wl.group)
-            )
+        if algo == Algo.DAPO:  # the share of valid groups among those that finished
+            assert feed is not None and feed.stats is not None
+            seen = max(1, feed.stats["finished"])
+            p_valid = max(1.0 / DAPO_MAX_MULTIPLE, feed.stats["valid"] / seen)
         rollout_end = start + res.makespan_s
         done = max(rollout_end, train_end[1]) + train_time_s(wl, res.kept_tokens)
         train_end = [train_end[1], done]
@@ -243,32 +268,37 @@ def train(
 
 
 DAPO_MAX_MULTIPLE = 6  # Fig. 1d: up to 5.7x the batch is generated
+DAPO_FIRST_VALID = 0.5  # assumed: the share of valid groups expected before any step ran
 
 
 def _dapo_feed(wl: RoseWorkload, step: int, p_valid: float) -> _Feed:
-    """DAPO's redundant sampling (§6): launch groups (more when last step's were rarely
-    valid) until the batch's number of groups with non-zero reward variance have finished;
-    when every launched group is done and too few were valid, launch more."""
+    """DAPO's redundant sampling (§6): launch enough groups for the batch at last step's
+    share of valid groups (§6: "based on the previous step"), and launch another whenever a
+    group finishes without reward variance while the valid and running groups fall short;
+    the step ends when the batch's number of valid groups have finished."""
     need = wl.batch // wl.group
     most = DAPO_MAX_MULTIPLE * need
     specs = wl.sample(step, n_groups=most)
     valid = wl.dapo_valid(step, np.arange(most))
     done_in_group: dict[int, int] = {}
-    state = {"valid": 0}
+    state = {"valid": 0, "finished": 0, "launched": min(most, math.ceil(need / p_valid))}
 
     def refill(r: RoseRollout, t: TrajState) -> int:
         g = t.spec.prompt_id
         done_in_group[g] = done_in_group.get(g, 0) + 1
-        if done_in_group[g] == wl.group and valid[g]:
-            state["valid"] += 1
-        if r.active == 0 and state["valid"] < need:
-            return math.ceil((need - state["valid"]) / p_valid) * wl.group
-        return 0
+        if done_in_group[g] < wl.group:
+            return 0
+        state["finished"] += 1
+        state["valid"] += bool(valid[g])
+        running = state["launched"] - state["finished"]
+        more = max(0, min(most - state["launched"], need - state["valid"] - running))
+        state["launched"] += more
+        return more * wl.group
 
-    first = min(most, math.ceil(need / p_valid)) * wl.group
     return _Feed(
         specs,
-        first,
+        state["launched"] * wl.group,
+        stats=state,
         refill=refill,
         done=lambda r: state["valid"] >= need,
         keep=lambda t: (
@@ -282,8 +312,9 @@ def _areal(wl: RoseWorkload, system: RoseSystem, steps: int, seed: int) -> Train
     (a new one starts whenever one finishes); step k's batch is the k-th `batch` to finish,
     and training takes it as soon as it is complete and the previous update is done."""
     specs: list[TrajectorySpec] = []
-    for s in range(steps + 1):
-        specs += [replace(t, traj_id=len(specs) + i) for i, t in enumerate(wl.sample(s))]
+    ids = training_steps(wl, Algo.GRPO, steps)
+    for at in [*ids, ids[-1] + 1]:  # one batch more keeps the stream full to the end
+        specs += [replace(t, traj_id=len(specs) + i) for i, t in enumerate(wl.sample(at))]
     target = steps * wl.batch
     feed = _Feed(
         specs,
@@ -338,12 +369,15 @@ class RoseScale:
     """Steps per run: the paper trains 25-100 steps; the simulator averages fewer."""
 
     steps: int
+    dapo_steps: int  # DAPO's steps each run several rollouts' worth
     analysis_steps: int  # §6.2-6.4 and the appendices run five steps
     models: tuple[str, ...] = ("8b", "32b")
 
     @classmethod
     def for_run(cls, quick: bool) -> RoseScale:
-        return cls(steps=3, analysis_steps=2) if quick else cls(steps=10, analysis_steps=5)
+        if quick:
+            return cls(steps=3, dapo_steps=2, analysis_steps=2)
+        return cls(steps=10, dapo_steps=6, analysis_steps=5)
 
 
 def _wl(key: str) -> RoseWorkload:
@@ -394,8 +428,9 @@ def fig7_tasks(scale: RoseScale, seed: int) -> Iterator[Task]:
 
             def thunk(key: str = key, algo: Algo = algo, base: str = base) -> list[Record]:
                 wl = _wl(key)
-                rose = train(wl, ROSE, Algo.GRPO if algo == Algo.AREAL else algo, scale.steps, seed)
-                other = train(wl, replace(ROLL, name=base), algo, scale.steps, seed)
+                steps = scale.dapo_steps if algo == Algo.DAPO else scale.steps
+                rose = train(wl, ROSE, Algo.GRPO if algo == Algo.AREAL else algo, steps, seed)
+                other = train(wl, replace(ROLL, name=base), algo, steps, seed)
                 ratio = rose.mean_throughput() / other.mean_throughput()
                 rows = []
                 for run in (rose, other):

@@ -143,12 +143,29 @@ class ElasticRouter:
         its worker for the ones after it, as the caller will apply them all."""
         out: list[tuple[int, int]] = []
         taken: dict[int, tuple[int, int]] = {}  # worker -> (requests, pages) placed here now
+        # A turn that fits nowhere but its affine worker shows that no other worker has that
+        # many pages free: later turns that need as many skip the scan (placements only
+        # take room away). The drain stops once no worker has a free slot.
+        floor = None
+        slots = {w.idx: self.cap_per_gpu * w.gpus - w.running for w in workers if self._current(w)}
+        open_slots = sum(1 for n in slots.values() if n > 0)
         for traj_id, turn in list(self._queue.items()):
+            if not open_slots:
+                break
+            if (
+                floor is not None
+                and turn.context_pages >= floor
+                and not self._affine_fits(turn, workers, taken)
+            ):
+                continue
             target = self._place(turn, workers, taken)
             if target is None:
+                floor = turn.context_pages if floor is None else min(floor, turn.context_pages)
                 continue
             del self._queue[traj_id]
             out.append((traj_id, target))
+            slots[target] -= 1
+            open_slots -= slots[target] == 0
             n, p = taken.get(target, (0, 0))
             pages = turn.new_pages if workers[target].holds_prefix(traj_id) else turn.context_pages
             taken[target] = (n + 1, p + pages)
@@ -158,12 +175,28 @@ class ElasticRouter:
         """Take a queued turn back (its trajectory was cancelled)."""
         return self._queue.pop(traj_id, None) is not None
 
+    def release(self, traj_id: int) -> None:
+        """The trajectory's worker gave its turn back (a memory cut, a stall, a failure):
+        its affinity or pin no longer holds, so its next `submit` places it afresh."""
+        self._last.pop(traj_id, None)
+
     def finish(self, traj_id: int) -> None:
         """The trajectory ended: forget its affinity."""
         self._last.pop(traj_id, None)
         self._queue.pop(traj_id, None)
 
     # ---- internals -----------------------------------------------------------------------
+    def _affine_fits(
+        self, turn: _Turn, workers: Sequence[RoseWorkerView], taken: dict[int, tuple[int, int]]
+    ) -> bool:
+        last = self._last.get(turn.traj_id)
+        if last is None or self.kind == RoutingKind.TURN_WISE:
+            return False
+        w = workers[last]
+        if self.kind == RoutingKind.PIN:
+            return self._current(w)
+        return w.holds_prefix(turn.traj_id) and self._fits(w, turn.new_pages, taken)
+
     def _current(self, w: RoseWorkerView) -> bool:
         return w.alive and w.activated and w.version == self.version
 

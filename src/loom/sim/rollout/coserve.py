@@ -157,6 +157,7 @@ class CoServingWorker(Worker):
         self.alive = True
         self.stats = ServingStats()
         self.stalls = 0
+        self.served = 0  # serving requests routed here
         self.aborts = 0
         self.rollout_busy_s = 0.0
         # serving state
@@ -179,6 +180,13 @@ class CoServingWorker(Worker):
     @property
     def free_pages(self) -> int:
         return max(0, self._free()) // self.r_tpp
+
+    def serving_load(self, now: float) -> int:
+        """Serving requests here: queued or in flight (prefiller), decoding or waiting
+        (decoder)."""
+        if self.cfg.role == Role.PREFILL:
+            return len(self.s_queue) + (now < self._s_busy_until)
+        return len(self.s_active) + len(self.s_wait)
 
     @property
     def serving_pages(self) -> int:
@@ -214,6 +222,7 @@ class CoServingWorker(Worker):
     def serve_prefill(self, req: ServingRequest) -> None:
         """A serving request arrives at this prefiller."""
         assert self.cfg.role == Role.PREFILL
+        self.served += 1
         self.s_queue.append(req)
         self.s_tokens += req.prompt
         self._memory_changed()
@@ -223,6 +232,7 @@ class CoServingWorker(Worker):
     def serve_decode(self, req: ServingRequest) -> None:
         """A prefilled serving request arrives at this decoder."""
         assert self.cfg.role == Role.DECODE
+        self.served += 1
         self._advance_serving()
         self.s_wait.append(req)
         self._admit_serving()
@@ -258,9 +268,9 @@ class CoServingWorker(Worker):
             self._plan_prefiller(start)
         else:
             self._plan_decoder(start)
-        if not self.running:
+        if self._seg is not None or not (self.running or self.waiting):
             self._progress_s = self.eng.now
-        elif self._seg is None:
+        else:  # turns here that cannot run: given back after the stall timeout
             self._arm_stall()
 
     def _plan_prefiller(self, start: float) -> None:
@@ -272,7 +282,7 @@ class CoServingWorker(Worker):
             return
         if not self.running or not self.alive:
             return
-        k, r, growth = self._segment()
+        k, r, growth = self._rollout_segment()
         if k <= 0:
             return
         if self.s_queue:  # no TTFT control: one rollout iteration, then the next prefill
@@ -284,7 +294,7 @@ class CoServingWorker(Worker):
         r = 0.0
         k, growth = 0, 0
         if self.running and self.alive:
-            k, r, growth = self._segment()
+            k, r, growth = self._rollout_segment()
         t_dec = self._decode_s() if self.s_active else 0.0
         m = 0
         if k > 0:
@@ -302,6 +312,18 @@ class CoServingWorker(Worker):
         else:
             self._cycle = t_dec if self.s_active else math.inf
         self._arm_serving()
+
+    def _rollout_segment(self) -> tuple[int, float, int]:
+        """The next rollout segment; where the rollout's pages cannot hold one more token
+        for its running requests, the newest are aborted (and re-routed) until they can."""
+        while True:
+            k, r, growth = self._segment()
+            if k > 0 or len(self.running) <= 1:
+                return k, r, growth
+            newest = self.running[-1]
+            self._drop_seq(newest)
+            self.aborts += 1
+            self._on_abort(newest.traj, self, "memory")
 
     def _schedule_segment(self, start: float, k: int, dt: float, growth: int) -> None:
         self.reserved = growth
@@ -405,22 +427,32 @@ class CoServingWorker(Worker):
         else:
             hard = grow = pool // 2
         before = self.capacity
-        if (self.used + self.idle_used + self.reserved) > hard * self.r_tpp:
+        capacity = max(0, grow) * self.r_tpp
+        if self.used + self.idle_used + self.reserved > capacity:
+            self._halt()  # the segment in flight counted on room that is gone
+        if self.used + self.idle_used > hard * self.r_tpp:
             self._reclaim(max(0, hard) * self.r_tpp)
-        self.capacity = max(0, grow) * self.r_tpp
+        self.capacity = capacity
         if self.capacity > before and self._on_capacity is not None:
             self._on_capacity(self)
 
-    def _reclaim(self, target_tokens: int) -> None:
-        start = self._settle()
-        if start is None:  # the segment ends within this iteration: drop its reservation
+    def _halt(self) -> None:
+        """Stop the rollout segment in flight, its progress applied (the iteration in flight
+        counted as done), and re-plan once the caller's change is made."""
+        if self._seg is None:
+            return
+        if self._settle() is None:  # the segment ends within this iteration: end it now
             assert self._seg is not None
-            self.eng.cancel(self._seg[3])
-            s, dt, k, _ = self._seg
+            _, dt, k, ev = self._seg
+            self.eng.cancel(ev)
             self._seg = None
             self.reserved = 0
             self._apply(k, dt)
             self._finish_turns()
+        self.eng.after(0.0, self.poke, priority=2)
+
+    def _reclaim(self, target_tokens: int) -> None:
+        self._halt()
         for t in list(self.idle):  # leased prefixes, oldest first
             if self.used + self.idle_used <= target_tokens:
                 break
@@ -432,7 +464,6 @@ class CoServingWorker(Worker):
         for s in aborted:
             self._on_abort(s.traj, self, "memory")
         self.aborts += len(aborted)
-        self.eng.after(0.0, self.poke, priority=2)
 
     def _drop_seq(self, s: Seq) -> None:
         self.running.remove(s)
@@ -474,15 +505,7 @@ class CoServingWorker(Worker):
         self._abort_all("stalled")
 
     def _abort_all(self, why: str) -> None:
-        start = self._settle()
-        if start is None and self._seg is not None:
-            self.eng.cancel(self._seg[3])
-            _, dt, k, _ = self._seg
-            self._seg = None
-            self._apply(k, dt)
-            self._finish_turns()
-        self._seg = None
-        self.reserved = 0
+        self._halt()
         gone = [s.traj for s in self.running]
         for s in list(self.running):
             self._drop_seq(s)

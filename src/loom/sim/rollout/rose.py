@@ -73,6 +73,7 @@ class _Feed:
     refill: Callable[[RoseRollout, TrajState], int] | None = None  # more to start on a finish
     done: Callable[[RoseRollout], bool] | None = None  # the step's batch is complete
     keep: Callable[[TrajState], bool] | None = None  # what trains (default: every finished)
+    stats: dict[str, int] | None = None  # the feed's own counters, for its caller
 
 
 class _View:
@@ -201,6 +202,7 @@ class RoseRollout:
         self.weights_delay_s = weights_delay_s
         self.feed = feed or _Feed(self.specs, len(self.specs))
         self._next_spec = 0
+        self._pending_launch = 0
         self._launched = 0
         self._active = 0
         self._finished: list[TrajState] = []
@@ -238,6 +240,8 @@ class RoseRollout:
         return len(self._finished)
 
     def _launch(self) -> None:
+        if self._pending_launch:
+            self._pending_launch -= 1
         spec = self.feed.specs[self._next_spec]
         self._next_spec += 1
         t = TrajState(spec, ())
@@ -302,6 +306,7 @@ class RoseRollout:
     def _aborted(self, t: TrajState, w: CoServingWorker, why: str) -> None:
         """A lent worker gave the turn back (memory cut, stall, failure): re-route it with
         its partial output; it prefills its context again wherever it lands."""
+        self.router.release(t.traj_id)
         self.eng.after(0.0, self._submit, t, priority=1)
 
     def _on_finish(self, t: TrajState) -> None:
@@ -310,9 +315,11 @@ class RoseRollout:
             self._stop()
             return
         more = feed.refill(self, t) if feed.refill is not None else 0
-        for _ in range(min(more, len(feed.specs) - self._next_spec)):
-            self._launch()
-        if self._active == 0 and (feed.refill is None or self._next_spec >= len(feed.specs)):
+        for _ in range(min(more, len(feed.specs) - self._next_spec - self._pending_launch)):
+            self._pending_launch += 1
+            # after the worker that called back has settled
+            self.eng.after(0.0, self._launch, priority=1)
+        if self._active == 0 and not self._pending_launch:
             self._stop()
 
     def _stop(self) -> None:
@@ -350,12 +357,15 @@ class RoseRollout:
             prompt=max(1, int(self.serving.prompt_tokens[i])),
             output=max(1, int(self.serving.output_tokens[i])),
         )
-        w = min(self.prefillers, key=lambda p: (len(p.s_queue), p.idx))
+        now = self.eng.now
+        # least-loaded serving (§6: "a load-balancing policy"), ties to the least used
+        w = min(self.prefillers, key=lambda p: (p.serving_load(now), p.served, p.idx))
         w.serve_prefill(req)
         self._next_arrival()
 
     def _prefilled(self, req: ServingRequest, _w: CoServingWorker) -> None:
-        w = min(self.decoders, key=lambda d: (len(d.s_active) + len(d.s_wait), d.idx))
+        now = self.eng.now
+        w = min(self.decoders, key=lambda d: (d.serving_load(now), d.served, d.idx))
         w.serve_decode(req)
 
     # ---- result --------------------------------------------------------------------------
