@@ -38,13 +38,7 @@ from loom.sim.rollout.coserve import CoServeConfig
 from loom.sim.rollout.rose import LentInstance, RoseRollout, RoseRolloutResult, _Feed
 from loom.sim.rollout.state import TrajState
 from loom.sim.workloads.rose import Algorithm, RoseWorkload, train_time_s
-from loom.sim.workloads.serving import (
-    PAPER_SM_UTILISATION,
-    Azure2023,
-    ServingTrace,
-    azure_2023,
-    synthetic_day,
-)
+from loom.sim.workloads.serving import ServingTrace, synthetic_day
 
 __all__ = ["Algo", "RoseSystem", "TrainRun", "plot", "run_experiments", "summary", "train"]
 
@@ -181,23 +175,65 @@ def _rollout(
     ).run()
 
 
-def _serving_day(wl: RoseWorkload, system: RoseSystem, seed: int) -> ServingTrace | None:
-    """The lent slice's share of the serving day. NOTE: its rate keeps the slice's prefillers
-    busy 18.9% of the time on average at density 1 (Fig. 3b's mean SM utilisation): under PD
-    disaggregation the prefillers do the compute-bound work that SM utilisation measures.
-    Spreading Fig. 3b's utilisation over every GPU instead (`rps_at_utilisation`) would load
-    the 1:3 split's prefillers at ~67% on average, past saturation at the day's minute peaks,
-    where the paper's serving meets its TTFT SLO even at twice the density (Table 5)."""
-    gpus = wl.max_lent_gpus if system.lent_gpus < 0 else system.lent_gpus
-    prefillers = -(-(gpus // wl.rollout_tp) // PREFILL_EVERY)
-    if prefillers <= 0:
-        return None
-    sizes = azure_2023(Azure2023.CONV)
+# Table 1: serving alone (ServerlessLLM without rollouts), TTFT P99 of the serving models.
+SERVING_ALONE_TTFT_P99_S = {"qwen2.5-7b": 0.3148, "qwen2.5-32b": 0.7161}
+CALIBRATION_WINDOW_S = 900.0  # serving-alone runs that fit the rate
+DAY_OFFSET_S = 10 * 3600.0  # the runs start at 10:00 of the synthetic day
+
+
+def serving_alone_ttft(wl: RoseWorkload, lent_gpus: int, trace: ServingTrace) -> np.ndarray:
+    """TTFT of `lent_gpus` lent GPUs serving `trace` alone over the calibration window."""
+    rm, sm = model_spec(wl.model), model_spec(wl.serving_model)
+    res = RoseRollout(
+        (),
+        router=ROSE_ROUTERS.get(RoutingKind.ROSE)(),
+        dedicated_tp=(),
+        rollout_latency=lambda tp: RooflineLatencyModel(GPU, wl.model, tp=tp),
+        serving_latency=lambda tp: RooflineLatencyModel(GPU, wl.serving_model, tp=tp),
+        rollout_kv_bytes=rm.kv_bytes_per_token,
+        serving_kv_bytes=sm.kv_bytes_per_token,
+        lent=lent_instances(wl, replace(ROSE, lent_gpus=lent_gpus)),
+        serving=trace,
+        serving_offset_s=DAY_OFFSET_S,
+        serving_horizon_s=CALIBRATION_WINDOW_S,
+    ).run()
+    return res.ttft_s
+
+
+def fit_serving_rate(key: str, lent_gpus: int, iterations: int = 10) -> float:
+    """The mean requests/s at which the lent slice serving alone (no rollout) has Table 1's
+    TTFT P99 without rollouts (314.8 ms for Qwen2.5-7B, 716.1 ms for Qwen2.5-32B) over a
+    15-minute window at 10:00, by bisection between idle and the prefillers' saturation.
+    `benchmarks/calibrate_rose_serving.py` runs it; rose.toml keeps the result per GPU."""
+    wl = _wl(key)
+    lent = lent_instances(wl, replace(ROSE, lent_gpus=lent_gpus))
+    if not lent:
+        raise ConfigError(f"{lent_gpus} lent GPUs hold no instance of TP{wl.rollout_tp}")
+    target = SERVING_ALONE_TTFT_P99_S[wl.serving_model]
+    prefillers = sum(1 for inst in lent if inst.config.role == Role.PREFILL)
     lat = RooflineLatencyModel(GPU, wl.serving_model, tp=wl.rollout_tp)
-    prompts = sizes.prompt_tokens[: min(len(sizes), 5000)]
-    mean_prefill = float(np.mean([lat.prefill_time(max(1, int(p))) for p in prompts]))
-    rps = PAPER_SM_UTILISATION * prefillers / mean_prefill
-    return synthetic_day(mean_rps=rps, hours=24.0, density=system.density, seed=seed, sizes=sizes)
+    sizes = synthetic_day(mean_rps=1.0, hours=1.0, seed=0).prompt_tokens
+    mean_prefill = float(np.mean([lat.prefill_time(max(1, int(p))) for p in sizes]))
+    lo, hi = 0.0, prefillers / mean_prefill
+    for _ in range(iterations):
+        mid = (lo + hi) / 2
+        day = synthetic_day(mean_rps=mid, hours=24.0, seed=0)
+        ttft = serving_alone_ttft(wl, lent_gpus, day)
+        if len(ttft) and np.percentile(ttft, 99) > target:
+            hi = mid
+        else:
+            lo = mid
+    return lo
+
+
+def _serving_day(wl: RoseWorkload, system: RoseSystem, seed: int) -> ServingTrace | None:
+    """The lent slice's share of the serving day: the calibrated rate per lent GPU
+    (rose.toml) × its GPUs × the system's density (Table 5)."""
+    gpus = wl.max_lent_gpus if system.lent_gpus < 0 else system.lent_gpus
+    if gpus <= 0:
+        return None
+    rps = wl.serving_rps_per_gpu * gpus
+    return synthetic_day(mean_rps=rps, hours=24.0, density=system.density, seed=seed)
 
 
 def transfer_s(wl: RoseWorkload) -> float:
@@ -214,7 +250,7 @@ def training_steps(wl: RoseWorkload, algo: Algo, steps: int) -> list[int]:
     total = wl.steps[Algorithm.DAPO if algo == Algo.DAPO else Algorithm.GRPO]
     if steps < 1:
         raise ConfigError(f"steps must be >= 1, got {steps}")
-    return sorted({int(round(x)) for x in np.linspace(0, total - 1, min(steps, total))})
+    return sorted({round(x) for x in np.linspace(0, total - 1, min(steps, total))})
 
 
 def train(
@@ -224,7 +260,7 @@ def train(
     steps: int,
     seed: int,
     *,
-    day_offset_s: float = 10 * 3600.0,
+    day_offset_s: float = DAY_OFFSET_S,
 ) -> TrainRun:
     """Run `steps` RL steps of `wl` under `system` with `algo` (GRPO and DAPO one-step
     off-policy, AReaL streaming) and return each step's times and tokens."""
@@ -394,6 +430,7 @@ def _serving_records(run: TrainRun, wl: RoseWorkload) -> Record:
             out[f"{name}_p95_ms"] = float(np.percentile(xs, 95) * 1e3)
             out[f"{name}_p99_ms"] = float(np.percentile(xs, 99) * 1e3)
             out[f"{name}_over_slo"] = float(np.mean(xs > slo))
+            out[f"{name}_violations"] = int(np.sum(xs > slo))
             out[f"{name}_slo_met"] = bool(np.percentile(xs, 99) <= slo)
     results = [s.result for s in run.steps]
     out["stalls"] = sum(r.stalls for r in results)

@@ -54,6 +54,8 @@ if TYPE_CHECKING:
     from loom.perf.latency import LatencyModel
     from loom.rollout.policy import TurnScheduler
 
+ENGINE_CHUNK_TOKENS = 8192  # an engine's default chunked-prefill size (verl's, vLLM's)
+
 __all__ = ["CoServeConfig", "CoServingWorker", "ServingRequest", "ServingStats"]
 
 
@@ -76,12 +78,25 @@ class CoServeConfig:
         default=True, metadata={"help": "keep finished turns' prefixes (leased); Prism: no"}
     )
     stall_s: float = field(default=2.0, metadata={"help": "§4.1: no progress this long = stall"})
-    chunk_tokens: int = ROLLOUT_CHUNK_TOKENS
+    chunk_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": "rollout prefill tokens per iteration; None: §4.1's 512 where an SLO is "
+            "enforced, else the engine's own 8,192 (no executor bounds the rollout's steps)"
+        },
+    )
+
+    @property
+    def rollout_chunk(self) -> int:
+        if self.chunk_tokens is not None:
+            return self.chunk_tokens
+        enforced = any(ADMISSION_POLICIES.get(self.admission))
+        return ROLLOUT_CHUNK_TOKENS if enforced else ENGINE_CHUNK_TOKENS
 
     def __post_init__(self) -> None:
         if self.role == Role.COLOCATED:
             raise ConfigError("the co-serving simulator models PD-disaggregated instances only")
-        if not self.stall_s > 0 or self.chunk_tokens < 1:
+        if not self.stall_s > 0 or (self.chunk_tokens is not None and self.chunk_tokens < 1):
             raise ConfigError("stall_s must be > 0 and chunk_tokens >= 1")
 
 
@@ -139,7 +154,7 @@ class CoServingWorker(Worker):
             scheduler=scheduler,
             engine=engine,
             max_running=max_running,
-            chunk_tokens=config.chunk_tokens,
+            chunk_tokens=config.rollout_chunk,
             decode_reserve=0,
             on_turn_done=on_turn_done,
         )

@@ -137,9 +137,12 @@ class RoseRollout:
         chunk_tokens: int = 8192,
         feed: _Feed | None = None,
         tokens_per_page: int | None = None,
+        serving_horizon_s: float | None = None,
     ) -> None:
-        if not trajectories:
-            raise ConfigError("a rollout needs at least one trajectory")
+        if not trajectories and (serving is None or serving_horizon_s is None):
+            raise ConfigError(
+                "a rollout needs at least one trajectory (or serving traffic and a horizon)"
+            )
         if not dedicated_tp and not lent:
             raise ConfigError("a rollout needs at least one worker")
         self.eng = Engine(start=start_s)
@@ -149,7 +152,7 @@ class RoseRollout:
         self.router = router
         self.router.set_version(max(router.version, version))
         self.version = version
-        self.specs = list(trajectories)
+        self.specs = list(trajectories)  # may be empty: serving alone
         self.trajs: dict[int, TrajState] = {}
         sched = FcfsScheduler()
         self.workers: list[Worker] = []
@@ -199,6 +202,7 @@ class RoseRollout:
         self.tpp = tokens_per_page or (self.lent[0].r_tpp if self.lent else 1)
         self.serving = serving
         self.serving_offset = serving_offset_s
+        self.horizon = serving_horizon_s  # serving arrivals stop after this (serving alone)
         self.weights_delay_s = weights_delay_s
         self.feed = feed or _Feed(self.specs, len(self.specs))
         self._next_spec = 0
@@ -343,6 +347,8 @@ class RoseRollout:
         if self._done or i >= len(arr.arrival_s):
             return
         at = self.t0 + float(arr.arrival_s[i]) - self.serving_offset
+        if self.horizon is not None and at > self.t0 + self.horizon:
+            return
         self.eng.schedule(max(at, self.eng.now), self._arrive, i, priority=0)
 
     def _arrive(self, i: int) -> None:
@@ -399,6 +405,8 @@ class RoseRollout:
         )
 
     def _kept(self) -> list[TrajState]:
+        if not self.specs:
+            return []
         if self.feed.done is None:
             return list(self.trajs.values())
         keep = self.feed.keep
