@@ -34,10 +34,23 @@ from loom.perf.specs import gpu_spec, model_spec
 from loom.rollout.rose.admission import AdmissionKind, Role, ServingSlo
 from loom.rollout.rose.memory import PAGE_BYTES, MemoryConfig, MemorySharing
 from loom.rollout.rose.scheduler import ROSE_ROUTERS, RoutingKind
+from loom.rollout.rose.selection import ACTIVATION_S
 from loom.sim.rollout.coserve import CoServeConfig
-from loom.sim.rollout.rose import LentInstance, RoseRollout, RoseRolloutResult, _Feed
+from loom.sim.rollout.rose import (
+    ElasticPool,
+    LentInstance,
+    RoseRollout,
+    RoseRolloutResult,
+    _Feed,
+)
 from loom.sim.rollout.state import TrajState
-from loom.sim.workloads.rose import Algorithm, RoseWorkload, train_time_s
+from loom.sim.workloads.rose import (
+    Algorithm,
+    RoseWorkload,
+    serverless_lease,
+    spot_trace,
+    train_time_s,
+)
 from loom.sim.workloads.serving import ServingTrace, synthetic_day
 
 __all__ = ["Algo", "RoseSystem", "TrainRun", "plot", "run_experiments", "summary", "train"]
@@ -66,6 +79,7 @@ class RoseSystem:
     prefix_cache: bool = True
     lease_s: float = 10.0
     density: float = 1.0
+    elastic: str | None = None  # "spot" (RLBoost+) or "serverless" (λRL): extra rollout GPUs
 
 
 ROLL = RoseSystem(name="roll", routing=RoutingKind.PIN)
@@ -86,6 +100,8 @@ class TrainRun:
     system: str
     algo: Algo
     steps: list[StepOut] = field(default_factory=list)
+    gpu_s: float = 0.0  # GPU-seconds held: the job's own, lent and elastic
+    preempted_gpu_s: float = 0.0  # GPUs preempted (or activated) x their recovery
 
     @property
     def step_times(self) -> np.ndarray:
@@ -155,6 +171,7 @@ def _rollout(
     step: int,
     weights_delay_s: float,
     feed: _Feed | None,
+    elastic: ElasticPool | None = None,
 ) -> RoseRolloutResult:
     rm, sm = model_spec(wl.model), model_spec(wl.serving_model)
     return RoseRollout(
@@ -172,6 +189,7 @@ def _rollout(
         step=step,
         weights_delay_s=weights_delay_s,
         feed=feed,
+        elastic=elastic,
     ).run()
 
 
@@ -269,6 +287,7 @@ def train(
         return _areal(wl, system, steps, seed)
     lent = lent_instances(wl, system)
     serving = _serving_day(wl, system, seed)
+    pool = elastic_pool(wl, system, seed)
     run = TrainRun(system=system.name, algo=algo)
     delay = transfer_s(wl) if lent else 0.0
     rollout_end, train_end = 0.0, [0.0, 0.0]  # the ends of training steps s-2 and s-1
@@ -291,6 +310,7 @@ def train(
             step=s,
             weights_delay_s=max(0.0, train_end[0] + delay - start),
             feed=feed,
+            elastic=pool,
         )
         if algo == Algo.DAPO:  # the share of valid groups among those that finished
             assert feed is not None and feed.stats is not None
@@ -300,7 +320,43 @@ def train(
         done = max(rollout_end, train_end[1]) + train_time_s(wl, res.kept_tokens)
         train_end = [train_end[1], done]
         run.steps.append(StepOut(s, res.makespan_s, done, res.kept_tokens, res))
+    end = run.steps[-1].train_end_s
+    lent_gpus = sum(inst.tp for inst in lent)
+    run.gpu_s = (wl.rollout_gpus + wl.train_gpus + lent_gpus) * end
+    run.preempted_gpu_s = lent_gpus * ACTIVATION_S  # ROSE activates each lent GPU once
+    if pool is not None:
+        pool.account_drops(end)
+        run.gpu_s += pool.held_gpu_s
+        run.preempted_gpu_s += pool.preempted_gpu_s
     return run
+
+
+def elastic_pool(wl: RoseWorkload, system: RoseSystem, seed: int) -> ElasticPool | None:
+    """The elastic baselines' extra rollout GPUs (§6.1): RLBoost+'s spot instances follow the
+    seeded volatile 2-hour trace (App. B; its last value holds after it); λRL's serverless
+    GPUs all expire every 15 minutes and are acquired again at once, each paying a cold start,
+    and the turns they ran start over."""
+    if system.elastic is None:
+        return None
+    key = next(k for k in ("8b", "32b") if _wl(k).model == wl.model)
+    if system.elastic == "spot":
+        trace = spot_trace(key, seed)
+        return ElasticPool(changes=trace.steps, tp=wl.rollout_tp, recovery_s=trace.recovery.total_s)
+    if system.elastic == "serverless":
+        lease = serverless_lease(key)
+        changes: list[tuple[float, int]] = [(0.0, lease.gpus)]
+        for t in lease.expiries(ELASTIC_HORIZON_S):
+            changes += [(t, 0), (t + 1e-6, lease.gpus)]
+        return ElasticPool(
+            changes=tuple(changes),
+            tp=wl.rollout_tp,
+            recovery_s=lease.cold_start.total_s,
+            restart=True,
+        )
+    raise ConfigError(f"unknown elastic pool {system.elastic!r}; known: spot, serverless")
+
+
+ELASTIC_HORIZON_S = 48 * 3600.0  # λRL's leases are renewed for as long as a run lasts
 
 
 DAPO_MAX_MULTIPLE = 6  # Fig. 1d: up to 5.7x the batch is generated
@@ -480,6 +536,51 @@ def fig7_tasks(scale: RoseScale, seed: int) -> Iterator[Task]:
             yield f"fig7 {key} {algo.value}", thunk
 
 
+FIG8_PAPER = {  # §6.1: rollout speedup over ROLL; preempted GPU time (Fig. 8b)
+    ("8b", "lambda_rl"): (1.31, 0.261),
+    ("32b", "lambda_rl"): (1.23, 0.261),
+    ("8b", "rlboost_plus"): (1.41, 0.068),
+    ("32b", "rlboost_plus"): (1.48, 0.073),
+    ("8b", "rose"): (1.41 * 1.20, 0.005),
+    ("32b", "rose"): (1.48 * 1.26, 0.005),
+}
+
+
+def fig8_tasks(scale: RoseScale, seed: int) -> Iterator[Task]:
+    """Fig. 8: rollout time and preempted GPU time of ROLL, λRL, RLBoost+ and ROSE (GRPO),
+    over the volatile spot window."""
+    systems = (
+        replace(ROLL, name="roll"),
+        replace(ROLL, name="lambda_rl", elastic="serverless"),
+        replace(ROLL, name="rlboost_plus", elastic="spot"),
+        ROSE,
+    )
+    for key in scale.models:
+
+        def thunk(key: str = key) -> list[Record]:
+            wl = _wl(key)
+            runs = [train(wl, system, Algo.GRPO, scale.steps, seed) for system in systems]
+            base = float(np.mean([s.rollout_s for s in runs[0].steps]))
+            rows = []
+            for run in runs:
+                t = float(np.mean([s.rollout_s for s in run.steps]))
+                paper = FIG8_PAPER.get((key, run.system), (1.0, 0.0))
+                rows.append(
+                    _row(
+                        "fig8",
+                        key,
+                        run,
+                        speedup=base / t,
+                        paper_speedup=paper[0],
+                        preempted_gpu_fraction=run.preempted_gpu_s / run.gpu_s,
+                        paper_preempted_gpu_fraction=paper[1],
+                    )
+                )
+            return rows
+
+        yield f"fig8 {key}", thunk
+
+
 def fig14_tasks(scale: RoseScale, seed: int) -> Iterator[Task]:
     """App. E / Fig. 14: rollout time of Qwen3-8B with 0, 4, 8 and 16 lent GPUs."""
 
@@ -636,6 +737,7 @@ def run_experiments(seed: int, quick: bool) -> tuple[int, Iterator[Task]]:
 
     groups: list[list[Task]] = [
         list(fig7_tasks(scale, seed)),
+        list(fig8_tasks(scale, seed)),
         list(fig14_tasks(scale, seed)),
         list(table3_tasks(scale, seed)),
         list(_coserve_tasks("table1", scale, seed, TABLE1)),

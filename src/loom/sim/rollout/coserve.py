@@ -37,7 +37,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from loom.core.errors import ConfigError
-from loom.core.trajectory import TrajectoryStatus
 from loom.rollout.rose.admission import (
     ADMISSION_POLICIES,
     ROLLOUT_CHUNK_TOKENS,
@@ -48,7 +47,7 @@ from loom.rollout.rose.admission import (
 from loom.rollout.rose.memory import PAGE_BYTES, MemoryConfig, MemorySharing
 from loom.sim.engine import Engine
 from loom.sim.rollout.state import TrajState
-from loom.sim.rollout.worker import Seq, Worker
+from loom.sim.rollout.worker import Worker
 
 if TYPE_CHECKING:
     from loom.perf.latency import LatencyModel
@@ -451,21 +450,6 @@ class CoServingWorker(Worker):
         if self.capacity > before and self._on_capacity is not None:
             self._on_capacity(self)
 
-    def _halt(self) -> None:
-        """Stop the rollout segment in flight, its progress applied (the iteration in flight
-        counted as done), and re-plan once the caller's change is made."""
-        if self._seg is None:
-            return
-        if self._settle() is None:  # the segment ends within this iteration: end it now
-            assert self._seg is not None
-            _, dt, k, ev = self._seg
-            self.eng.cancel(ev)
-            self._seg = None
-            self.reserved = 0
-            self._apply(k, dt)
-            self._finish_turns()
-        self.eng.after(0.0, self.poke, priority=2)
-
     def _reclaim(self, target_tokens: int) -> None:
         self._halt()
         for t in list(self.idle):  # leased prefixes, oldest first
@@ -479,11 +463,6 @@ class CoServingWorker(Worker):
         for s in aborted:
             self._on_abort(s.traj, self, "memory")
         self.aborts += len(aborted)
-
-    def _drop_seq(self, s: Seq) -> None:
-        self.running.remove(s)
-        self.used -= s.traj.full_context() - s.prefill_left
-        s.traj.status = TrajectoryStatus.PENDING
 
     # ---- leases and stalls ---------------------------------------------------------------
     def _arm_lease(self) -> None:
@@ -520,14 +499,7 @@ class CoServingWorker(Worker):
         self._abort_all("stalled")
 
     def _abort_all(self, why: str) -> None:
-        self._halt()
-        gone = [s.traj for s in self.running]
-        for s in list(self.running):
-            self._drop_seq(s)
-        for _, _, traj in list(self.waiting):
-            self.waiting.remove(self._queued.pop(traj.traj_id))
-            traj.status = TrajectoryStatus.PENDING
-            gone.append(traj)
+        gone = self.evict_all()
         self.aborts += len(gone)
         for traj in gone:
             self._on_abort(traj, self, why)

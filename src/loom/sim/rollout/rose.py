@@ -12,6 +12,7 @@ redundant sampling), and a stream that keeps a fixed number alive (AReaL).
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from loom.sim.rollout.state import TrajState
 from loom.sim.rollout.worker import Worker
 from loom.sim.workloads.serving import ServingTrace
 
-__all__ = ["LentInstance", "RoseRollout", "RoseRolloutResult"]
+__all__ = ["ElasticPool", "LentInstance", "RoseRollout", "RoseRolloutResult"]
 
 
 @dataclass
@@ -42,6 +43,62 @@ class LentInstance:
     config: CoServeConfig
     memory: MemorySharing
     tp: int
+
+
+@dataclass
+class ElasticPool:
+    """Rollout GPUs that come and go (the elastic baselines of §6.1, Fig. 8): RLBoost+'s spot
+    instances follow a trace of available GPUs; λRL's serverless GPUs all lose their lease
+    together every `lease_s`. A GPU that appears serves after `recovery_s` (acquire, load,
+    initialise, pull weights); a preempted one gives its turns back — with their partial
+    output (RLBoost migrates generated tokens) or from the turn's start (`restart`: a killed
+    serverless function loses its generation). Kept across steps; times are absolute."""
+
+    changes: tuple[tuple[float, int], ...]  # (t, GPUs available from t), t = 0 first
+    tp: int
+    recovery_s: float
+    restart: bool = False
+    preempted_gpu_s: float = 0.0  # the paper's "preempted GPU time": GPUs x recovery
+    held_gpu_s: float = 0.0  # GPU-seconds the pool held (serving or recovering)
+    seen_until: float = 0.0  # changes up to here are accounted
+
+    def account_drops(self, until: float) -> None:
+        """Charge the preemptions in (seen_until, until] (those between rollouts too)."""
+        prev = self.available(self.seen_until)
+        for at, k in self.changes:
+            if self.seen_until < at <= until:
+                self.preempted_gpu_s += max(0, prev - k) * self.recovery_s
+            if at <= until:
+                prev = k
+        self.seen_until = max(self.seen_until, until)
+
+    def ready_at(self, gpu_slot: int, t: float) -> float | None:
+        """When instance `gpu_slot` (0-based) serves at time `t`: None if not held at t,
+        else the time it appeared plus the recovery (0 for GPUs held from the start)."""
+        since: float | None = None
+        for at, k in self.changes:
+            if at > t:
+                break
+            held = k // self.tp > gpu_slot
+            if not held:
+                since = None
+            elif since is None:
+                since = at
+        if since is None:
+            return None
+        return since + self.recovery_s if since > 0 else 0.0
+
+    def available(self, t: float) -> int:
+        n = self.changes[0][1]
+        for at, k in self.changes:
+            if at > t:
+                break
+            n = k
+        return n
+
+    @property
+    def max_gpus(self) -> int:
+        return max(k for _, k in self.changes)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,6 +195,7 @@ class RoseRollout:
         feed: _Feed | None = None,
         tokens_per_page: int | None = None,
         serving_horizon_s: float | None = None,
+        elastic: ElasticPool | None = None,
     ) -> None:
         if not trajectories and (serving is None or serving_horizon_s is None):
             raise ConfigError(
@@ -148,6 +206,8 @@ class RoseRollout:
         self.eng = Engine(start=start_s)
         self.step = step
         self._drain_due = False
+        self._elastic_ready: dict[int, int] = {}  # elastic worker -> its pending ready event
+        self._elastic_since = start_s
         self.t0 = start_s
         self.router = router
         self.router.set_version(max(router.version, version))
@@ -171,6 +231,26 @@ class RoseRollout:
                 on_turn_done=self._turn_done,
             )
             self.workers.append(w)
+            self.views.append(_View(w, WorkerKind.DEDICATED, version))
+        self.elastic = elastic
+        self.elastic_workers: list[Worker] = []
+        for _ in range((elastic.max_gpus // elastic.tp) if elastic else 0):
+            assert elastic is not None
+            w = Worker(
+                idx=len(self.workers),
+                tp=elastic.tp,
+                node=2,
+                latency=rollout_latency(elastic.tp),
+                scheduler=sched,
+                engine=self.eng,
+                max_running=cap_per_gpu * elastic.tp,
+                chunk_tokens=chunk_tokens,
+                decode_reserve=0,
+                on_turn_done=self._turn_done,
+            )
+            w.alive = False
+            self.workers.append(w)
+            self.elastic_workers.append(w)
             self.views.append(_View(w, WorkerKind.DEDICATED, version))
         self.lent: list[CoServingWorker] = []
         for inst in lent:
@@ -229,6 +309,7 @@ class RoseRollout:
             else:
                 self._weights_landed()
         self._start_serving()
+        self._start_elastic()
         for _ in range(min(self.feed.initial, len(self.feed.specs))):
             self._launch()
         self.eng.run()
@@ -332,6 +413,53 @@ class RoseRollout:
         self._done = True
         self.eng.stop()
 
+    # ---- elastic GPUs (baselines) ---------------------------------------------------------
+    def _start_elastic(self) -> None:
+        pool = self.elastic
+        if pool is None:
+            return
+        now = self.eng.now
+        self._elastic_since = now
+        pool.account_drops(now)
+        for i, w in enumerate(self.elastic_workers):
+            ready = pool.ready_at(i, now)
+            w.alive = ready is not None and ready <= now
+            if ready is not None and ready > now:
+                self._elastic_ready[i] = self.eng.schedule(ready, self._elastic_up, i)
+        for at, _ in pool.changes:
+            if at > now:
+                self.eng.schedule(at, self._elastic_change, priority=0)
+
+    def _elastic_change(self) -> None:
+        pool = self.elastic
+        assert pool is not None
+        if self._done:
+            return
+        now = self.eng.now
+        pool.account_drops(now)
+        n = pool.available(now) // pool.tp
+        for i, w in enumerate(self.elastic_workers):
+            ready = self._elastic_ready.get(i)
+            if i >= n and (w.alive or ready is not None):  # preempted
+                if ready is not None:
+                    self.eng.cancel(ready)
+                    del self._elastic_ready[i]
+                w.alive = False
+                for t in w.evict_all():
+                    if pool.restart:
+                        t.turn_generated = 0
+                    self.router.release(t.traj_id)
+                    self.eng.after(0.0, self._submit, t, priority=1)
+            elif i < n and not w.alive and ready is None:  # provisioned: serves after recovery
+                self._elastic_ready[i] = self.eng.after(
+                    pool.recovery_s, self._elastic_up, i, priority=0
+                )
+
+    def _elastic_up(self, i: int) -> None:
+        self._elastic_ready.pop(i, None)
+        self.elastic_workers[i].alive = True
+        self._schedule_drain()
+
     # ---- serving -------------------------------------------------------------------------
     def _start_serving(self) -> None:
         if self.serving is None or not self.lent:
@@ -376,6 +504,12 @@ class RoseRollout:
 
     # ---- result --------------------------------------------------------------------------
     def _result(self) -> RoseRolloutResult:
+        if self.elastic is not None:  # GPU-seconds the pool held over the step
+            pool, t0, t1 = self.elastic, self._elastic_since, self.eng.now
+            grid = sorted({t0, t1, *(t for t, _ in pool.changes if t0 < t < t1)})
+            pool.held_gpu_s += sum(
+                pool.available(a) * (b - a) for a, b in itertools.pairwise(grid)
+            )
         kept = self._kept()
         lost = [t for t in kept if t.status != TrajectoryStatus.FINISHED]
         assert not lost, f"trajectories never finished: {[t.traj_id for t in lost[:10]]}"

@@ -49,6 +49,8 @@ class Seq:
 class Worker:
     """Simulated inference worker (an SGLang/vLLM engine on `tp` GPUs)."""
 
+    alive = True  # False: preempted or not yet provisioned (elastic pools); routers skip it
+
     def __init__(
         self,
         *,
@@ -215,6 +217,42 @@ class Worker:
             return
         self._admit()
         self._plan(start)
+
+
+    # ---- giving turns back (lent, spot and serverless workers) -------------------------
+    def evict_all(self) -> list[TrajState]:
+        """Take every turn off this worker, running or queued, with the progress made so
+        far applied: each trajectory keeps its partial output (its KV here is dropped) and
+        is returned PENDING for the caller to route again."""
+        self._halt()
+        gone = [s.traj for s in self.running]
+        for s in list(self.running):
+            self._drop_seq(s)
+        for _, _, traj in list(self.waiting):
+            self.waiting.remove(self._queued.pop(traj.traj_id))
+            traj.status = TrajectoryStatus.PENDING
+            gone.append(traj)
+        return gone
+
+    def _halt(self) -> None:
+        """Stop the rollout segment in flight, its progress applied (the iteration in flight
+        counted as done), and re-plan once the caller's change is made."""
+        if self._seg is None:
+            return
+        if self._settle() is None:  # the segment ends within this iteration: end it now
+            assert self._seg is not None
+            _, dt, k, ev = self._seg
+            self.eng.cancel(ev)
+            self._seg = None
+            self.reserved = 0
+            self._apply(k, dt)
+            self._finish_turns()
+        self.eng.after(0.0, self.poke, priority=2)
+
+    def _drop_seq(self, s: Seq) -> None:
+        self.running.remove(s)
+        self.used -= s.traj.full_context() - s.prefill_left
+        s.traj.status = TrajectoryStatus.PENDING
 
     # ---- internals ---------------------------------------------------------------------
     def _push_waiting(self, traj: TrajState) -> None:
