@@ -284,7 +284,6 @@ class RoseWorkload:
     train_parallel: tuple[int, int, int] = (1, 1, 1)  # (TP, PP, CP)
     max_running_per_gpu: int = 16  # App. A
     max_response_tokens: int = 32_768
-    serving_rps_per_gpu: float = 0.0  # mean serving requests/s per lent GPU at density 1
     gpu: GpuType = GpuType.H800
     seed: int = 0
 
@@ -661,7 +660,6 @@ def _workload(key: str) -> RoseWorkload:
         train_parallel=(tp, pp, cp),
         max_running_per_gpu=int(v["max_running_per_gpu"]),
         max_response_tokens=int(v["max_response_tokens"]),
-        serving_rps_per_gpu=float(v["serving_rps_per_gpu"]),
     )
 
 
