@@ -778,71 +778,48 @@ def run_experiments(seed: int, quick: bool) -> tuple[int, Iterator[Task]]:
 
 
 def plot(records: list[Record], out: Path) -> list[Path]:
+    """Fig. 7, 8, 9, 10, 12, 14 and Tables 2 and 5 as PNG charts under `out`."""
     by = by_experiment(records)
     paths = []
-    if "fig7" in by:
-        paths.append(
-            bar_plot(
-                by["fig7"],
-                x="algo",
-                hue="policy",
-                metric="throughput_tok_s",
-                facet="model",
-                path=out / "fig7.png",
-                title="Fig. 7: training throughput (tokens/s)",
-            )
-        )
-    if "fig14" in by:
-        paths.append(
-            line_plot(
-                by["fig14"],
-                x="lent_gpus",
-                y="rollout_time_s",
-                hue="model",
-                path=out / "fig14.png",
-                title="Fig. 14: rollout time vs lent GPUs",
-            )
-        )
-    if "fig12" in by:
-        paths.append(
-            line_plot(
-                by["fig12"],
-                x="per_gpu_batch",
-                y="throughput_tok_s",
-                hue="model",
-                path=out / "fig12.png",
-                title="Fig. 12: throughput vs per-GPU batch",
-            )
-        )
-    for exp, metric in (
-        ("fig9", "tpot_p99_ms"),
-        ("table2", "tpot_p99_ms"),
-        ("table5", "ttft_p99_ms"),
-    ):
+    bars = (
+        ("fig7", "baseline", "policy", "throughput_tok_s", "Fig. 7: training throughput (tokens/s)"),
+        ("fig8", "policy", "model", "rollout_time_s", "Fig. 8a: rollout time (s)"),
+        ("fig9", "policy", "model", "tpot_p99_ms", "Fig. 9: serving TPOT P99 (ms)"),
+        ("table2", "policy", "model", "rollout_time_s", "Table 2: rollout time (s)"),
+        ("table5", "policy", "model", "ttft_p99_ms", "Table 5: serving TTFT P99 (ms)"),
+        ("fig10", "policy", "model", "transfer_s", "Fig. 10a: weight transfer (s)"),
+    )
+    for exp, x, hue, metric, title in bars:
         if exp in by:
             paths.append(
                 bar_plot(
                     by[exp],
-                    x="policy",
-                    hue="model",
+                    x=x,
+                    hue=hue,
                     metric=metric,
                     facet="model",
                     path=out / f"{exp}.png",
-                    title=f"{exp}: serving {metric}",
+                    title=title,
                 )
             )
-    if "fig10" in by:
-        paths.append(
-            bar_plot(
-                by["fig10"],
-                x="policy",
-                hue="model",
-                metric="transfer_s",
-                facet="model",
-                path=out / "fig10.png",
-                title="Fig. 10: cross-cluster weight transfer (s)",
+    lines = (
+        ("fig10b", "bandwidth_gbps", "transfer_s", "policy", "Fig. 10b: transfer vs bandwidth"),
+        ("fig12", "per_gpu_batch", "throughput_tok_s", "policy", "Fig. 12: per-GPU batch"),
+        ("fig14", "lent_gpus", "rollout_time_s", "algo", "Fig. 14: rollout time vs lent GPUs"),
+    )
+    for exp, x, metric, hue, title in lines:
+        if exp in by:
+            paths.append(
+                line_plot(
+                    by[exp],
+                    x=x,
+                    metric=metric,
+                    hue=hue,
+                    facet="model",
+                    path=out / f"{exp}.png",
+                    title=title,
+                )
             )
-        )
     return paths
 
 
