@@ -782,7 +782,7 @@ def plot(records: list[Record], out: Path) -> list[Path]:
     by = by_experiment(records)
     paths = []
     bars = (
-        ("fig7", "baseline", "policy", "throughput_tok_s", "Fig. 7: training throughput (tokens/s)"),
+        ("fig7", "baseline", "policy", "throughput_tok_s", "Fig. 7: throughput (tokens/s)"),
         ("fig8", "policy", "model", "rollout_time_s", "Fig. 8a: rollout time (s)"),
         ("fig9", "policy", "model", "tpot_p99_ms", "Fig. 9: serving TPOT P99 (ms)"),
         ("table2", "policy", "model", "rollout_time_s", "Table 2: rollout time (s)"),
@@ -837,7 +837,7 @@ def summary(records: list[Record]) -> list[Record]:
                     "of": r["experiment"],
                     "model": r["model"],
                     "policy": r["policy"],
-                    "variant": r.get("algo")
+                    "variant": r.get("baseline")
                     if r["experiment"] == "fig7"
                     else r.get("lent_gpus", r["policy"]),
                     "speedup": r["speedup"],

@@ -1,9 +1,7 @@
 """ROSE's elastic rollout scheduler (§4.3): each turn of a trajectory goes to the worker that
 holds its prefix if that worker can take it, else to the least-loaded dedicated rollout
 worker under its concurrency cap, else to the least-loaded eligible lent serving worker, else
-it waits in a central queue and is offered again when capacity changes. A prefix on a lent
-worker yields to a free dedicated slot: turns "migrate back to rollout GPUs once capacity
-becomes available" (§4.3), since serving slows a lent GPU's rollout.
+it waits in a central queue and is offered again when capacity changes.
 
 A lent worker is eligible when it is alive, activated, at the current weight version, has the
 pages the turn needs and a non-negative serving-SLO slack; a dedicated worker when it is alive,
@@ -223,15 +221,7 @@ class ElasticRouter:
         elif self.kind == RoutingKind.ROSE and last is not None:
             w = workers[last]
             if w.holds_prefix(turn.traj_id) and self._fits(w, turn.new_pages, taken):
-                if w.kind == WorkerKind.DEDICATED:
-                    return last
-                # §4.3: turns spill to serving GPUs under contention "and migrate back to
-                # rollout GPUs once capacity becomes available": a free dedicated slot wins
-                # over the prefix on a lent GPU, which serving slows down.
-                back = self._least_loaded(workers, turn.context_pages, WorkerKind.DEDICATED, taken)
-                target = last if back is None else back
-                self._last[turn.traj_id] = target
-                return target
+                return last
         target = self._least_loaded(workers, turn.context_pages, WorkerKind.DEDICATED, taken)
         if target is None:
             target = self._least_loaded(workers, turn.context_pages, WorkerKind.LENT, taken)
