@@ -78,3 +78,18 @@ def test_streams_depend_only_on_seed_and_name():
     b("other").random()  # creation order must not matter
     assert a("x").random() == b("x").random()
     assert stream(7, "x").random() != stream(8, "x").random()
+
+
+def test_stop_ends_the_run_after_the_event_in_progress():
+    eng, seen = Engine(), []
+
+    def stop_here(x):
+        seen.append(x)
+        eng.stop()
+
+    eng.schedule(1.0, stop_here, "a")
+    eng.schedule(1.0, seen.append, "b")
+    eng.schedule(2.0, seen.append, "c")
+    assert eng.run() == 1 and seen == ["a"] and eng.now == 1.0
+    assert eng.pending == 2  # the rest stays queued
+    assert eng.run() == 2 and seen == ["a", "b", "c"]  # a later run goes on

@@ -638,6 +638,7 @@ def _coserve_tasks(
     scale: RoseScale,
     seed: int,
     variants: Sequence[tuple[str, RoseSystem]],
+    suffix: str = "",
     **tags: object,
 ) -> Iterator[Task]:
     for key in scale.models:
@@ -652,7 +653,7 @@ def _coserve_tasks(
                     rows[-1].setdefault(k, v)
             return rows
 
-        yield f"{experiment} {key}", thunk
+        yield f"{experiment} {key}{suffix}", thunk
 
 
 def table1_tasks(scale: RoseScale, seed: int) -> Iterator[Task]:
@@ -767,7 +768,9 @@ def run_experiments(seed: int, quick: bool) -> tuple[int, Iterator[Task]]:
         list(table1_tasks(scale, seed)),
         list(_coserve_tasks("table2", scale, seed, TABLE2)),
         list(_coserve_tasks("fig9", scale, seed, FIG9)),
-        list(_coserve_tasks("fig9", replace(scale, models=("32b",)), seed, FIG9_STRESS)),
+        list(
+            _coserve_tasks("fig9", replace(scale, models=("32b",)), seed, FIG9_STRESS, suffix=" x3")
+        ),
         list(_coserve_tasks("table4", replace(scale, models=("8b",)), seed, TABLE4)),
         list(_coserve_tasks("table5", scale, seed, TABLE5)),
         list(fig12_tasks(seed)),

@@ -351,8 +351,9 @@ class RoseRollout:
         cached = self.workers[affine].cached_tokens(t.traj_id) if affine is not None else 0
         t.status = TrajectoryStatus.PENDING
         t.turn_arrival_s = self.eng.now
+        # A page beyond the context: room for the turn's next token where it lands.
         target = self.router.submit(
-            t.traj_id, self._pages(ctx - cached), self._pages(ctx), self.views
+            t.traj_id, self._pages(ctx - cached) + 1, self._pages(ctx) + 1, self.views
         )
         if target is not None:
             self.workers[target].enqueue(t)
@@ -493,13 +494,13 @@ class RoseRollout:
         )
         now = self.eng.now
         # least-loaded serving (§6: "a load-balancing policy"), ties to the least used
-        w = min(self.prefillers, key=lambda p: (p.serving_load(now), p.served, p.idx))
+        w = min(_alive(self.prefillers), key=lambda p: (p.serving_load(now), p.served, p.idx))
         w.serve_prefill(req)
         self._next_arrival()
 
     def _prefilled(self, req: ServingRequest, _w: CoServingWorker) -> None:
         now = self.eng.now
-        w = min(self.decoders, key=lambda d: (d.serving_load(now), d.served, d.idx))
+        w = min(_alive(self.decoders), key=lambda d: (d.serving_load(now), d.served, d.idx))
         w.serve_decode(req)
 
     # ---- result --------------------------------------------------------------------------
@@ -507,9 +508,7 @@ class RoseRollout:
         if self.elastic is not None:  # GPU-seconds the pool held over the step
             pool, t0, t1 = self.elastic, self._elastic_since, self.eng.now
             grid = sorted({t0, t1, *(t for t, _ in pool.changes if t0 < t < t1)})
-            pool.held_gpu_s += sum(
-                pool.available(a) * (b - a) for a, b in itertools.pairwise(grid)
-            )
+            pool.held_gpu_s += sum(pool.available(a) * (b - a) for a, b in itertools.pairwise(grid))
         kept = self._kept()
         lost = [t for t in kept if t.status != TrajectoryStatus.FINISHED]
         assert not lost, f"trajectories never finished: {[t.traj_id for t in lost[:10]]}"
@@ -545,6 +544,11 @@ class RoseRollout:
             return list(self.trajs.values())
         keep = self.feed.keep
         return [t for t in self._finished if keep is None or keep(t)]
+
+
+def _alive(workers: list[CoServingWorker]) -> list[CoServingWorker]:
+    """Instances that serve: the live ones (all, if every one failed: traffic is not lost)."""
+    return [w for w in workers if w.alive] or workers
 
 
 def _input_tokens(t: TrajState) -> int:

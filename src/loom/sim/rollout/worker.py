@@ -218,7 +218,6 @@ class Worker:
         self._admit()
         self._plan(start)
 
-
     # ---- giving turns back (lent, spot and serverless workers) -------------------------
     def evict_all(self) -> list[TrajState]:
         """Take every turn off this worker, running or queued, with the progress made so
