@@ -21,7 +21,9 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from functools import cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -165,6 +167,18 @@ def lent_instances(wl: RoseWorkload, system: RoseSystem) -> list[LentInstance]:
 
 
 # ---- the step loop ------------------------------------------------------------------------
+def _simulation(wl: RoseWorkload, specs: Sequence[TrajectorySpec], **kwargs: Any) -> RoseRollout:
+    """A `RoseRollout` of `wl`'s models on H800s (roofline latency, their KV sizes)."""
+    return RoseRollout(
+        specs,
+        rollout_latency=lambda tp: RooflineLatencyModel(GPU, wl.model, tp=tp),
+        serving_latency=lambda tp: RooflineLatencyModel(GPU, wl.serving_model, tp=tp),
+        rollout_kv_bytes=model_spec(wl.model).kv_bytes_per_token,
+        serving_kv_bytes=model_spec(wl.serving_model).kv_bytes_per_token,
+        **kwargs,
+    )
+
+
 def _rollout(
     wl: RoseWorkload,
     system: RoseSystem,
@@ -179,15 +193,11 @@ def _rollout(
     feed: _Feed | None,
     elastic: ElasticPool | None = None,
 ) -> RoseRolloutResult:
-    rm, sm = model_spec(wl.model), model_spec(wl.serving_model)
-    return RoseRollout(
+    return _simulation(
+        wl,
         specs,
         router=ROSE_ROUTERS.get(system.routing)(),
         dedicated_tp=[wl.rollout_tp] * (wl.rollout_gpus // wl.rollout_tp),
-        rollout_latency=lambda tp: RooflineLatencyModel(GPU, wl.model, tp=tp),
-        serving_latency=lambda tp: RooflineLatencyModel(GPU, wl.serving_model, tp=tp),
-        rollout_kv_bytes=rm.kv_bytes_per_token,
-        serving_kv_bytes=sm.kv_bytes_per_token,
         lent=lent,
         serving=serving,
         serving_offset_s=serving_offset_s,
@@ -206,15 +216,11 @@ DAY_OFFSET_S = 10 * 3600.0  # the runs start at 10:00 of the synthetic day
 def serving_alone(wl: RoseWorkload, lent_gpus: int, trace: ServingTrace) -> RoseRolloutResult:
     """`lent_gpus` lent GPUs serving `trace` alone (no rollout) for half an hour at 10:00:
     Table 1's ServerlessLLM-without-rollout row, the serving latency every variant adds to."""
-    rm, sm = model_spec(wl.model), model_spec(wl.serving_model)
-    return RoseRollout(
+    return _simulation(
+        wl,
         (),
         router=ROSE_ROUTERS.get(RoutingKind.ROSE)(),
         dedicated_tp=(),
-        rollout_latency=lambda tp: RooflineLatencyModel(GPU, wl.model, tp=tp),
-        serving_latency=lambda tp: RooflineLatencyModel(GPU, wl.serving_model, tp=tp),
-        rollout_kv_bytes=rm.kv_bytes_per_token,
-        serving_kv_bytes=sm.kv_bytes_per_token,
         lent=lent_instances(wl, replace(ROSE, lent_gpus=lent_gpus)),
         serving=trace,
         serving_offset_s=DAY_OFFSET_S,
@@ -233,10 +239,21 @@ def serving_rate(wl: RoseWorkload, lent_gpus: int) -> float:
     prefillers = -(-instances // PREFILL_EVERY)
     if prefillers == 0:
         return 0.0
-    lat = RooflineLatencyModel(GPU, wl.serving_model, tp=wl.rollout_tp)
+    return PAPER_SM_UTILISATION * prefillers / _mean_prefill_s(wl.serving_model, wl.rollout_tp)
+
+
+@cache
+def _mean_prefill_s(serving_model: str, tp: int) -> float:
+    """Mean prefill time of the conversation trace's prompts on the serving model."""
+    lat = RooflineLatencyModel(GPU, serving_model, tp=tp)
     prompts = azure_2023(Azure2023.CONV).prompt_tokens
-    mean_prefill = float(np.mean([lat.prefill_time(max(1, int(p))) for p in prompts[:5000]]))
-    return PAPER_SM_UTILISATION * prefillers / mean_prefill
+    return float(np.mean([lat.prefill_time(max(1, int(p))) for p in prompts[:5000]]))
+
+
+@cache
+def _day(rps: float, density: float, seed: int) -> ServingTrace:
+    """The synthetic serving day (read-only arrays): built once per rate, density and seed."""
+    return synthetic_day(mean_rps=rps, hours=24.0, density=density, seed=seed)
 
 
 def _serving_day(wl: RoseWorkload, system: RoseSystem, seed: int) -> ServingTrace | None:
@@ -245,7 +262,7 @@ def _serving_day(wl: RoseWorkload, system: RoseSystem, seed: int) -> ServingTrac
     rps = serving_rate(wl, gpus)
     if rps <= 0:
         return None
-    return synthetic_day(mean_rps=rps, hours=24.0, density=system.density, seed=seed)
+    return _day(rps, system.density, seed)
 
 
 def transfer_s(wl: RoseWorkload) -> float:
@@ -729,15 +746,11 @@ def fig12_tasks(seed: int) -> Iterator[Task]:
         specs = wl.sample(0, n_groups=8)
         rows = []
         for cap in (1, 2, 4, 8, 16, 32, 64):
-            rm = model_spec(wl.model)
-            res = RoseRollout(
+            res = _simulation(
+                wl,
                 specs,
                 router=ROSE_ROUTERS.get(RoutingKind.ROSE)(cap_per_gpu=cap),
                 dedicated_tp=[1],
-                rollout_latency=lambda tp: RooflineLatencyModel(GPU, wl.model, tp=tp),
-                serving_latency=lambda tp: RooflineLatencyModel(GPU, wl.serving_model, tp=tp),
-                rollout_kv_bytes=rm.kv_bytes_per_token,
-                serving_kv_bytes=model_spec(wl.serving_model).kv_bytes_per_token,
                 cap_per_gpu=cap,
             ).run()
             rows.append(
