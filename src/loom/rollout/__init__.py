@@ -10,6 +10,7 @@ from loom.rollout.policy import (
     ROUTERS,
     SCHEDULERS,
     PlacementKind,
+    QueueingRouter,
     ResourcePlanner,
     Router,
     SchedulerKind,
@@ -18,13 +19,15 @@ from loom.rollout.policy import (
     WorkerLayout,
     WorkerView,
 )
+from loom.rollout.rose import placement as _rose_placement
 
-del _heddle_router, _heddle_scheduler
+del _heddle_router, _heddle_scheduler, _rose_placement
 
 __all__ = [
     "ROUTERS",
     "SCHEDULERS",
     "PlacementKind",
+    "QueueingRouter",
     "ResourcePlanner",
     "Router",
     "SchedulerKind",

@@ -11,12 +11,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from loom.core.registry import Registry
 
 __all__ = [
     "PlacementKind",
+    "QueueingRouter",
     "ResourcePlanner",
     "Router",
     "SchedulerKind",
@@ -93,7 +94,8 @@ class Router(Protocol):
         """A trajectory that no declared batch named arrives (runtime only): track it."""
 
     def route(self, t: TrajectoryView, workers: Sequence[WorkerView], now: float) -> int:
-        """The worker that runs `t`'s next turn."""
+        """The worker that runs `t`'s next turn. A router with a central queue (`QueueingRouter`)
+        may return None instead: it holds the turn until its `drain` places it."""
 
     def migrate(self, t: TrajectoryView, workers: Sequence[WorkerView], now: float) -> int | None:
         """Called when `t` starts a tool call, or while it waits (in a tool call or a queue)
@@ -106,6 +108,23 @@ class Router(Protocol):
     def stale(self) -> Sequence[int]:
         """Trajectories (ids) that the router would now place elsewhere although nothing new
         is known about them (e.g. the active set shrank); called after every turn."""
+
+
+@runtime_checkable
+class QueueingRouter(Protocol):
+    """A router that may hold turns no worker can take now (ROSE's central queue)."""
+
+    def drain(self, workers: Sequence[WorkerView], now: float) -> list[tuple[int, int]]:
+        """Capacity changed: held turns that now fit, as (trajectory id, worker index)."""
+
+    def withdraw(self, traj_id: int) -> bool:
+        """A held turn is gone (its client left): forget it."""
+
+    def release(self, traj_id: int) -> None:
+        """The trajectory's worker gave its turn back (aborted, stalled, failed)."""
+
+    def set_version(self, version: int) -> None:
+        """Weights of `version` are current."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -137,6 +156,7 @@ class PlacementKind(StrEnum):
     CACHE_AWARE = "cache_aware"  # verl: pin a trajectory to one worker
     LEAST_LOAD = "least_load"  # slime: each turn to the least-loaded worker
     HYBRID = "hybrid"  # verl*/SGLang router: least-load beyond a skew threshold, else cache
+    ROSE = "rose"  # ROSE §4.3: affinity, then dedicated, then lent engines; a central queue
 
 
 SCHEDULERS: Registry[SchedulerKind, type] = Registry("turn scheduler", SchedulerKind)

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
 from engine_http import PROMPT, Background, abort, client, completion
 
 from loom.runtime.engine import INSTALL_HINT, EngineProcess, engine_available
-from loom.runtime.engine.model import TinyModelSpec
 
 pytestmark = [
     pytest.mark.engine,
@@ -32,11 +32,11 @@ GEN = 600  # tokens each: ~7 s apart at the end on the heavy model
 
 
 @pytest.fixture(scope="module")
-def engine(heavy_model: TinyModelSpec) -> Iterator[EngineProcess]:
+def engine(heavy_engine: dict[str, Any]) -> Iterator[EngineProcess]:
     with EngineProcess.start(
         priority=True,
         max_running=1,
-        model_spec=heavy_model,
+        **heavy_engine,
         extra_args=("--enable-server-load-tracking",),
     ) as eng:
         yield eng

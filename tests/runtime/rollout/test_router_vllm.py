@@ -198,3 +198,51 @@ def test_a_turn_survives_its_vllm_engine_being_killed(
     stats = router.get("/v1/stats").json()
     assert stats["policy"]["failovers"] >= 1 and stats["engines"][host]["alive"] is False
     router.post("/v1/trajectories/k/end")
+
+
+def test_rose_moves_a_turn_off_a_lent_vllm_engine_killed_mid_turn(
+    heavy_engine_pool: EnginePool,
+) -> None:
+    """`--placement rose` over a dedicated and a lent vLLM engine, one running turn per GPU:
+    a turn streams on the lent engine (the dedicated one is busy), the lent engine dies, and
+    the turn waits in the central queue until the dedicated engine frees, then finishes there
+    with exactly the tokens an uninterrupted one has. (After the test above: `get` restarts
+    the engine it killed.)"""
+    dedicated, lent = heavy_engine_pool.get(2)
+    n = 800  # about 9 s a turn on the heavy model
+    busy, prompt = [3, 1, 4, 1], [2, 7, 1, 8]
+    expected = _reference(dedicated, prompt, n)
+    cfg = RolloutServerConfig(
+        port=0,
+        engines=(
+            EngineConfig(url=dedicated.url, max_running=8),
+            EngineConfig(url=lent.url, max_running=8, lent=True),
+        ),
+        placement="rose",
+        rose_cap_per_gpu=1,
+        health_interval_s=1.0,
+    )
+    with BackgroundRouter(cfg) as r, httpx.Client(base_url=r.url, timeout=300) as http:
+        first = threading.Thread(target=_complete, args=(http, "busy", busy, n))
+        first.start()
+        deadline = time.monotonic() + 120
+        while http.get("/v1/stats").json()["engines"]["e0"]["tokens"] < 1:
+            assert time.monotonic() < deadline, "the dedicated engine never started"
+            time.sleep(0.05)
+        out: dict = {}
+        second = threading.Thread(
+            target=lambda: out.update(_complete(http, "moved", prompt, n)), daemon=True
+        )
+        second.start()
+        while http.get("/v1/stats").json()["engines"]["e1"]["tokens"] < 30:
+            assert time.monotonic() < deadline, "the lent engine never took the turn"
+            time.sleep(0.01)
+        os.killpg(lent.pid, signal.SIGKILL)
+        second.join(300)
+        first.join(300)
+        assert out["choices"][0]["token_ids"] == expected  # every token once, in order
+        stats = http.get("/v1/stats").json()
+        assert stats["engines"]["e1"]["alive"] is False
+        assert stats["policy"]["failovers"] >= 1 and stats["policy"]["held"] >= 1
+        for key in ("busy", "moved"):
+            http.post(f"/v1/trajectories/{key}/end")

@@ -1,6 +1,7 @@
 """ROSE (seed 002): rollouts on lent serving GPUs. The co-serving executor's policies: memory
 sharing of one KV page pool (`memory`) and dual-SLO admission (`admission`); the elastic
-rollout scheduler over dedicated and lent workers (`scheduler`); which serving instances a job
+rollout scheduler over dedicated and lent workers (`scheduler`), and as the rollout router's
+placement (`placement`); which serving instances a job
 borrows (`selection`)."""
 
 from loom.rollout.rose.admission import (
@@ -15,6 +16,7 @@ from loom.rollout.rose.admission import (
     ttft_slack_s,
 )
 from loom.rollout.rose.memory import PAGE_BYTES, Cut, MemoryConfig, MemorySharing, pages_for
+from loom.rollout.rose.placement import LEASE_S, RosePlacement
 from loom.rollout.rose.scheduler import (
     ROSE_ROUTERS,
     ElasticRouter,
@@ -27,6 +29,7 @@ from loom.rollout.rose.selection import ACTIVATION_S, Lending, UsageSample
 __all__ = [
     "ACTIVATION_S",
     "ADMISSION_POLICIES",
+    "LEASE_S",
     "PAGE_BYTES",
     "ROSE_ROUTERS",
     "AdmissionKind",
@@ -36,6 +39,7 @@ __all__ = [
     "MemoryConfig",
     "MemorySharing",
     "Role",
+    "RosePlacement",
     "RoseWorkerView",
     "RoutingKind",
     "ServingSlo",

@@ -4,7 +4,9 @@ Inference, in the dialects clients already speak: `POST /v1/completions`,
 `POST /v1/chat/completions`, `GET /v1/models` (OpenAI, vLLM's fields) and `POST /generate`
 (SGLang's native token-in/token-out). Rollout control: `POST /v1/rollouts` declares a batch,
 `POST /v1/trajectories/{id}/end` ends one, `GET /v1/trajectories/{id}` reads one. Engines:
-`GET/POST /v1/engines`, `DELETE /v1/engines/{id}`, and the same registry shaped like SGLang's
+`GET/POST /v1/engines`, `DELETE /v1/engines/{id}`, `PATCH /v1/engines/{id}` (what an engine's
+side reports: its weight version; a lent engine's room and serving slack), `PUT /v1/weights`
+(the current weight version), and the same registry shaped like SGLang's
 gateway (`GET/POST /workers`, `DELETE /workers/{id}`, `GET /v1/loads`) so launchers that
 register workers there work unchanged. Observability: `GET /v1/stats`, `GET /metrics`,
 `GET /health`.
@@ -69,6 +71,19 @@ class _Declared(BaseModel):
     group: str | None = None
 
 
+class _Report(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    version: int | None = Field(default=None, ge=0)
+    free_tokens: int | None = Field(default=None, ge=0)
+    slack_s: float | None = Field(default=None, allow_inf_nan=False)
+
+
+class _Weights(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    version: int = Field(ge=0)
+    engines: list[str] = Field(default_factory=list, max_length=100_000)
+
+
 class _Batch(BaseModel):
     model_config = ConfigDict(extra="forbid")
     trajectories: list[_Declared] = Field(min_length=1, max_length=100_000)
@@ -97,6 +112,9 @@ def create_app(config: RolloutServerConfig, driver: RolloutDriver | None = None)
     r.add_get("/v1/engines", list_engines)
     r.add_post("/v1/engines", add_engine)
     r.add_delete("/v1/engines/{id}", remove_engine)
+    r.add_patch("/v1/engines/{id}", report_engine)
+    r.add_put("/v1/weights", set_weights)
+    r.add_get("/v1/weights", get_weights)
     r.add_get("/workers", list_engines)
     r.add_post("/workers", add_engine)
     r.add_delete("/workers/{id:.+}", remove_engine)
@@ -310,6 +328,38 @@ async def add_engine(request: web.Request) -> web.Response:
     except EngineError as exc:
         raise BadRequest(f"cannot add engine {cfg.url}: {exc}", 502) from None
     return _json(_engine_view(driver, e.id), 201)
+
+
+async def report_engine(request: web.Request) -> web.Response:
+    driver = request.app[DRIVER]
+    try:
+        body = _Report.model_validate(await _read(request))
+    except ValidationError as exc:
+        raise BadRequest(f"invalid engine report: {exc}") from None
+    e = driver.report(request.match_info["id"], **body.model_dump())
+    return _json(_engine_view(driver, e.id))
+
+
+def _weights_view(driver: RolloutDriver) -> dict[str, Any]:
+    return {
+        "version": driver.version,
+        "current": sorted(e.id for e in driver.engines.values() if e.version == driver.version),
+        "behind": sorted(e.id for e in driver.engines.values() if e.version != driver.version),
+    }
+
+
+async def set_weights(request: web.Request) -> web.Response:
+    driver = request.app[DRIVER]
+    try:
+        body = _Weights.model_validate(await _read(request))
+    except ValidationError as exc:
+        raise BadRequest(f"invalid weights update: {exc}") from None
+    driver.set_weights(body.version, body.engines)
+    return _json(_weights_view(driver))
+
+
+async def get_weights(request: web.Request) -> web.Response:
+    return _json(_weights_view(request.app[DRIVER]))
 
 
 async def remove_engine(request: web.Request) -> web.Response:

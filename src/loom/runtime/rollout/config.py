@@ -49,6 +49,17 @@ class EngineConfig(_Settings):
         "priority, SGLang priority scheduling): pass the scheduler's key through",
     )
     node: int = Field(default=0, ge=0, description="node it runs on (for migration costs)")
+    lent: bool = Field(
+        default=False,
+        description="a serving instance lent to this job (ROSE): it co-serves, so the rose "
+        "placement sends it turns only when the dedicated engines are full and it reports "
+        "room and serving-SLO slack",
+    )
+    version: int | None = Field(
+        default=None,
+        ge=0,
+        description="weight version it serves when added; None: the router's current one",
+    )
 
     @field_validator("url")
     @classmethod
@@ -102,6 +113,24 @@ class RolloutServerConfig(_Settings):
     history_limit: int = Field(
         default=20_000, ge=1, description="finished trajectories the predictor learns from"
     )
+    rose_cap_per_gpu: int = Field(
+        default=16,
+        ge=1,
+        description="rose placement: turns an engine runs per GPU (ROSE App. A: rollout "
+        "throughput saturates at 16)",
+    )
+    rose_lease_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="rose placement: a lent engine holds a trajectory's prefix this long "
+        "after its turn ended (ROSE §4.1)",
+    )
+    lent_stall_timeout_s: float = Field(
+        default=2.0,
+        gt=0,
+        description="a turn on a lent engine with no new token this long has stalled (its "
+        "serving traffic comes first, ROSE §4.1): it resumes elsewhere, the engine stays in",
+    )
 
     def with_overrides(self, **values: Any) -> RolloutServerConfig:
         """A copy with the given fields replaced (None leaves a field as it is), validated."""
@@ -114,22 +143,27 @@ def load_config(path: Path) -> RolloutServerConfig:
 
 
 def parse_engine(spec: str, defaults: dict[str, Any] | None = None) -> dict[str, Any]:
-    """`URL[,tp=N][,max_running=N][,kind=K][,priority][,id=NAME][,node=N]` as the settings
-    of one engine; `defaults` fill what the spec leaves out (None: the model's default)."""
+    """`URL[,tp=N][,max_running=N][,kind=K][,priority][,lent][,id=NAME][,node=N][,version=N]`
+    as the settings of one engine; `defaults` fill what the spec leaves out (None: the
+    model's default)."""
     url, *opts = (part.strip() for part in spec.split(","))
     out: dict[str, Any] = {k: v for k, v in (defaults or {}).items() if v is not None}
     out["url"] = url
     for opt in opts:
         name, eq, value = opt.partition("=")
         name = name.strip().replace("-", "_")
-        if name == "priority" and not eq:
-            out["priority"] = True
-        elif name in ("tp", "max_running", "node", "kind", "id", "priority") and eq:
+        if name in ("priority", "lent") and not eq:
+            out[name] = True
+        elif (
+            name in ("tp", "max_running", "node", "kind", "id", "priority", "lent", "version")
+            and eq
+        ):
             out[name] = value.strip()
         else:
             raise ConfigError(
                 f"engine {spec!r}: unknown option {opt!r} "
-                "(tp=N, max_running=N, kind=vllm|sglang, priority, id=NAME, node=N)"
+                "(tp=N, max_running=N, kind=vllm|sglang, priority, lent, id=NAME, node=N, "
+                "version=N)"
             )
     try:
         return EngineConfig.model_validate(out).model_dump()

@@ -23,6 +23,7 @@ import contextlib
 import hashlib
 import itertools
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -34,7 +35,14 @@ from loom.core.errors import ConfigError
 from loom.core.trajectory import TrajectorySpec
 from loom.rollout.heddle.planner import DegreeCostModel, decode_context
 from loom.rollout.heddle.router import HeddleRouter
-from loom.rollout.policy import ROUTERS, SCHEDULERS, PlacementKind, Router, TurnScheduler
+from loom.rollout.policy import (
+    ROUTERS,
+    SCHEDULERS,
+    PlacementKind,
+    QueueingRouter,
+    Router,
+    TurnScheduler,
+)
 from loom.runtime.rollout.config import EngineConfig, EngineKind, RolloutServerConfig
 from loom.runtime.rollout.engines import (
     Delta,
@@ -137,6 +145,11 @@ def make_router(
 ) -> Router:
     if config.placement is PlacementKind.HEDDLE:
         return HeddleRouter(cost or default_cost(config, history))
+    if config.placement is PlacementKind.ROSE:
+        rose: Router = ROUTERS.get(config.placement)(
+            cap_per_gpu=config.rose_cap_per_gpu, lease_s=config.rose_lease_s
+        )
+        return rose
     router: Router = ROUTERS.get(config.placement)()
     return router
 
@@ -159,6 +172,11 @@ class RolloutDriver:
         self.clock = clock
         self._t0 = clock()
         self.engines: dict[str, EngineState] = {}
+        self.version = 0  # the current weight version: engines behind it take no new turns
+        # turns no engine can take now (the router's central queue, or no engine at the
+        # current weight version), by trajectory id; offered again when capacity changes
+        self._held: dict[int, Turn] = {}
+        self._offering = False
         self.trajectories: dict[str, Trajectory] = {}
         self._by_tid: dict[int, Trajectory] = {}
         self._tids = itertools.count()
@@ -171,6 +189,8 @@ class RolloutDriver:
             "preemptions": 0,
             "migrations": 0,
             "failovers": 0,
+            "stalls": 0,  # turns a lent engine stopped advancing (moved elsewhere)
+            "held": 0,  # turns that waited in the central queue
             "declared": 0,
             "finished": 0,
             "turns": 0,
@@ -218,6 +238,8 @@ class RolloutDriver:
         for e in self.engines.values():
             for turn in [*e.running.values(), *e.waiting]:
                 self._fail(turn, "the router is shutting down", 503)
+        for turn in list(self._held.values()):
+            self._fail(turn, "the router is shutting down", 503)
         await asyncio.gather(*aborts, return_exceptions=True)
         turn_tasks = [
             turn.task for e in self.engines.values() for turn in e.running.values() if turn.task
@@ -266,10 +288,13 @@ class RolloutDriver:
             client=client,
             model=info.model,
             trajectories=self._by_tid,
+            version=self.version if cfg.version is None else cfg.version,
         )
         self.engines[eid] = state
         self.metrics.engine_added(eid)
-        log.info("engine %s (%s, tp %d) at %s", eid, kind.value, cfg.tp, cfg.url)
+        log.info(
+            "engine %s (%s, tp %d%s) at %s", eid, kind.value, cfg.tp, ", lent" * cfg.lent, cfg.url
+        )
         self._workers_changed()
         return state
 
@@ -308,12 +333,107 @@ class RolloutDriver:
             (e for e in self.engines.values() if e.routable), key=lambda e: (-e.tp, e.idx)
         )
 
+    def current(self) -> list[EngineState]:
+        """Routable engines at the current weight version."""
+        return [e for e in self.live() if e.version == self.version]
+
     def _workers_changed(self) -> None:
-        live = self.live()
-        if not live:
+        current = self.current()
+        if current:
+            self.router.start([], current)
+            self._handle_stale()
+        self._offer_held()
+
+    # ---- weights and lending -------------------------------------------------------------
+
+    def set_weights(self, version: int, engines: Sequence[str] = ()) -> list[str]:
+        """Weights of `version` are current; `engines` serve them already (others report
+        theirs with `report` when they have loaded them). Turns waiting at an engine behind
+        the version go elsewhere; its running ones finish there. Returns the engines behind."""
+        if version < self.version:
+            raise Conflict(f"weight version {version} is older than the current {self.version}")
+        for eid in engines:
+            if eid not in self.engines:
+                raise UnknownEngine(eid)
+        self.version = version
+        for eid in engines:
+            self.engines[eid].version = version
+        if isinstance(self.router, QueueingRouter):
+            self.router.set_version(version)
+        behind = [e for e in self.engines.values() if e.version != version]
+        for e in behind:
+            self._move_waiting(e)
+        self._workers_changed()
+        return [e.id for e in behind]
+
+    def report(
+        self,
+        eid: str,
+        *,
+        version: int | None = None,
+        free_tokens: int | None = None,
+        slack_s: float | None = None,
+    ) -> EngineState:
+        """What an engine's side says of it: the weight version it has loaded; for a lent
+        engine, the rollout KV tokens it can still take and its serving-SLO slack."""
+        e = self.engines.get(eid)
+        if e is None:
+            raise UnknownEngine(eid)
+        if version is not None:
+            if version < e.version:
+                raise Conflict(f"engine {eid} serves version {e.version}; {version} is older")
+            e.version = version
+        if free_tokens is not None:
+            if free_tokens < 0:
+                raise Conflict(f"free_tokens must be >= 0, got {free_tokens}")
+            e.free_tokens = free_tokens
+            e.stalled = False
+        if slack_s is not None:
+            e.reported_slack_s = slack_s
+            e.stalled = False
+        if e.version != self.version:
+            self._move_waiting(e)
+        self._workers_changed()
+        return e
+
+    def _move_waiting(self, e: EngineState) -> None:
+        for turn in list(e.waiting):
+            e.waiting.remove(turn)
+            self._dispatch(turn, avoid=e)
+
+    def _hold(self, turn: Turn) -> None:
+        turn.engine = None
+        turn.phase = TurnPhase.WAITING
+        self._held[turn.traj.traj_id] = turn
+        self.counts["held"] += 1
+
+    def _unhold(self, turn: Turn) -> None:
+        if self._held.pop(turn.traj.traj_id, None) is not None and isinstance(
+            self.router, QueueingRouter
+        ):
+            self.router.withdraw(turn.traj.traj_id)
+
+    def _offer_held(self) -> None:
+        """Capacity changed: place the held turns that now fit."""
+        if not self._held or self._offering or self._closing:
             return
-        self.router.start([], live)
-        self._handle_stale()
+        current = self.current()
+        if not current:
+            return
+        self._offering = True
+        try:
+            if isinstance(self.router, QueueingRouter):
+                by_idx = {e.idx: e for e in current}
+                for tid, idx in self.router.drain(current, self.now()):
+                    turn = self._held.pop(tid, None)
+                    if turn is not None:
+                        self._enqueue(by_idx[idx], turn)
+            else:
+                held, self._held = list(self._held.values()), {}
+                for turn in held:
+                    self._dispatch(turn)
+        finally:
+            self._offering = False
 
     def _engine_down(self, e: EngineState, reason: str) -> None:
         if not e.alive:
@@ -410,13 +530,16 @@ class RolloutDriver:
         live = self.live()  # engines may have changed while predicting
         if not live:
             raise NoEngine("no live engine: add one with POST /v1/engines")
-        self.router.start(fresh, live)
+        current = self.current()
+        plan = {}
+        if isinstance(self.router, QueueingRouter) or not current:
+            return {t.key: "" for t in fresh}  # placed turn by turn, when each is ready
+        self.router.start(fresh, current)
         self._handle_stale()
         now = self.now()
-        plan = {}
-        by_idx = {e.idx: e for e in live}
+        by_idx = {e.idx: e for e in current}
         for t in fresh:
-            w = by_idx.get(self.router.route(t, live, now))
+            w = by_idx.get(self.router.route(t, current, now))
             plan[t.key] = w.id if w is not None else ""
         return plan
 
@@ -512,7 +635,7 @@ class RolloutDriver:
             t.started = True
             t.prompt_tokens = t.prompt_tokens or len(prompt)
             if not t.declared:
-                self.router.join(t, self.live())
+                self.router.join(t, self.current() or self.live())
         elif t.last_end_s is not None and t.records:
             last = t.records[-1]
             t.records[-1] = TurnRecord(last.input_tokens, last.output_tokens, now - t.last_end_s)
@@ -541,7 +664,9 @@ class RolloutDriver:
             return
         e = turn.engine
         turn.abandoned = True
-        if e is not None:
+        if e is None:
+            self._unhold(turn)
+        else:
             if turn.phase is TurnPhase.WAITING and turn in e.waiting:
                 e.waiting.remove(turn)
             elif turn.phase is TurnPhase.RUNNING:
@@ -556,14 +681,19 @@ class RolloutDriver:
         if not live:
             self._fail(turn, "no live engine can take the turn", 503)
             return
-        t = turn.traj
-        now = self.now()
-        choice = self.router.route(t, live, now)
-        self.counts["decisions"] += 1
-        engine = next((e for e in live if e.idx == choice), None)
+        current = [e for e in live if e.version == self.version]
+        queueing = isinstance(self.router, QueueingRouter)
+        choice: int | None = None
+        if current or queueing:
+            choice = self.router.route(turn.traj, current, self.now())
+            self.counts["decisions"] += 1
+        if choice is None and (queueing or not current):
+            self._hold(turn)  # no engine can take it now: it waits for capacity or weights
+            return
+        engine = next((e for e in current if e.idx == choice), None)
         if engine is None:
             self.counts["fallbacks"] += 1
-            engine = min(live, key=lambda e: (e.load, e.idx))
+            engine = min(current, key=lambda e: (e.load, e.idx))
         self._enqueue(engine, turn)
 
     def _enqueue(self, e: EngineState, turn: Turn) -> None:
@@ -618,13 +748,14 @@ class RolloutDriver:
         )
         loop = asyncio.get_running_loop()
         done: Done | None = None
+        stall_s = cfg.lent_stall_timeout_s if e.lent else cfg.stall_timeout_s
         try:
             async with asyncio.timeout(cfg.first_token_timeout_s) as deadline:
                 async for item in stream:
                     if turn.attempt != attempt:  # superseded (defensive: we were cancelled)
                         return
                     if isinstance(item, Delta):
-                        deadline.reschedule(loop.time() + cfg.stall_timeout_s)
+                        deadline.reschedule(loop.time() + stall_s)
                         if item.tokens:
                             if turn.first_token_s is None:
                                 turn.first_token_s = self.now()
@@ -636,7 +767,13 @@ class RolloutDriver:
                     else:
                         done = item
         except TimeoutError:
-            self._on_failure(e, turn, attempt, f"no token for {cfg.stall_timeout_s:.0f} s")
+            # NOTE: a lent engine that stops a rollout is serving first, not broken (§4.1):
+            # the turn moves, the engine stays in (its health checks judge it) but takes no
+            # rollout turn until its side reports room or slack again.
+            if e.lent and turn.attempt == attempt:
+                self.counts["stalls"] += 1
+                e.stalled = True  # no more turns there until its side reports again
+            self._on_failure(e, turn, attempt, f"no token for {stall_s:g} s", down=not e.lent)
             return
         except EngineRejected as exc:
             if turn.attempt == attempt:
@@ -690,6 +827,8 @@ class RolloutDriver:
         wherever the router sends it, avoiding `e`."""
         self._stop_attempt(turn, e)
         if failed:  # its engine failed, stalled or was taken out: counted once, here
+            if isinstance(self.router, QueueingRouter):
+                self.router.release(turn.traj.traj_id)
             self.counts["failovers"] += 1
             self.metrics.failovers.inc()
             e.failed_turns += 1
@@ -743,13 +882,16 @@ class RolloutDriver:
         elif n:
             self._spawn(self._after_turn(t, t.steps_done))
         self._handle_stale()
+        self._offer_held()
 
     def _fail(self, turn: Turn, reason: str, status: int) -> None:
         """The turn cannot be served: the client gets `status` with `reason`."""
         if turn.phase is TurnPhase.DONE:
             return
         e = turn.engine
-        if e is not None:
+        if e is None:
+            self._unhold(turn)
+        else:
             if turn.phase is TurnPhase.RUNNING:
                 self._stop_attempt(turn, e)
             elif turn in e.waiting:
@@ -767,6 +909,7 @@ class RolloutDriver:
             self._finish(t)
         if e is not None and not self._closing:
             self._pump(e)
+            self._offer_held()
 
     async def _after_turn(self, t: Trajectory, steps: int) -> None:
         """During the tool call: predict anew (off the loop), then let the router move the
@@ -785,7 +928,7 @@ class RolloutDriver:
         self._migrate(t)
 
     def _migrate(self, t: Trajectory) -> None:
-        live = self.live()
+        live = self.current()
         if not live:
             return
         target = self.router.migrate(t, live, self.now())
@@ -827,6 +970,11 @@ class RolloutDriver:
                 "preempted": e.preempted,
                 "failed_turns": e.failed_turns,
                 "tokens": e.tokens,
+                "lent": e.lent,
+                "version": e.version,
+                "free_tokens": e.free_tokens,
+                "slack_s": e.reported_slack_s if math.isfinite(e.reported_slack_s) else None,
+                "stalled": e.stalled,
             }
             for e in self.engines.values()
         }
@@ -835,6 +983,8 @@ class RolloutDriver:
             "placement": self.config.placement.value,
             "scheduler": self.config.scheduler.value,
             "engines": engines,
+            "weights_version": self.version,
+            "held": len(self._held),
             "policy": dict(self.counts),
             "timing": dict(self.timing),
             "trajectories": {

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -52,6 +53,11 @@ class Trajectory:
     ended: bool = False
     started: bool = False  # its first turn arrived
     one_turn: bool = False  # anonymous: ends with its only turn
+
+    @property
+    def pending_context(self) -> int:
+        """Tokens in the prompt of its turn in flight (else its context so far)."""
+        return len(self.active.prompt) if self.active is not None else self.context
 
 
 class TurnPhase(StrEnum):
@@ -131,6 +137,11 @@ class EngineState:
     draining: bool = False
     failures: int = 0  # health checks failed in a row
     trajectories: Mapping[int, Trajectory] = field(default_factory=dict)
+    version: int = 0  # weight version it serves
+    # what a lent engine's co-serving executor reports (ROSE): None / inf until it does
+    free_tokens: int | None = None  # rollout KV tokens it can still take
+    reported_slack_s: float = math.inf  # its serving-SLO slack
+    stalled: bool = False  # a turn stalled there since the last report: read as no slack
     # counters for /v1/stats
     admitted: int = 0
     completed: int = 0
@@ -149,6 +160,19 @@ class EngineState:
     @property
     def max_running(self) -> int:
         return self.config.max_running
+
+    @property
+    def lent(self) -> bool:
+        return self.config.lent
+
+    @property
+    def slack_s(self) -> float:
+        return -math.inf if self.stalled else self.reported_slack_s
+
+    @property
+    def activated(self) -> bool:
+        """An engine joins once it answers the probe: its rollout model is resident."""
+        return True
 
     @property
     def load(self) -> int:
