@@ -200,6 +200,12 @@ def test_summary_puts_ours_beside_the_paper() -> None:
          "ttft_violations": 7, "tpot_violations": 2},
         {"experiment": "fig9", "model": "m", "policy": "tpot_only", "density": 1.0,
          "ttft_violations": 5},
+        {"experiment": "table1", "model": "m", "policy": "rose", "rollout_vs_rose": 1.0,
+         "paper_rollout_vs_rose": 1.0},
+        {"experiment": "table1", "model": "m", "policy": "serverlessllm",
+         "rollout_vs_rose": 1.25, "paper_rollout_vs_rose": 1.31},
+        {"experiment": "table1", "model": "m", "policy": "serverlessllm@keepalive0",
+         "rollout_vs_rose": 2.0, "paper_rollout_vs_rose": None},
     ]  # fmt: skip
     rows = ex.summary(records)
     got = {(r["of"], r["policy"]): r for r in rows}
@@ -209,6 +215,7 @@ def test_summary_puts_ours_beside_the_paper() -> None:
         ("fig10", "sparse"),
         ("fig9", "dual_slo"),
         ("fig9", "none@x3"),
+        ("table1", "serverlessllm"),
     }
     assert all(r["experiment"] == "summary" for r in rows)
     assert got[("fig7", "rose")]["within_15pct"] is True
@@ -219,6 +226,7 @@ def test_summary_puts_ours_beside_the_paper() -> None:
     # fig9: requests over the SLO, which ROSE's admission must keep at zero
     assert got[("fig9", "dual_slo")]["speedup"] == 0.0 == got[("fig9", "dual_slo")]["paper"]
     assert got[("fig9", "none@x3")]["speedup"] == 9.0
+    assert got[("table1", "serverlessllm")]["within_15pct"] is True
 
 
 def test_plot_draws_every_experiment(tmp_path: Path) -> None:

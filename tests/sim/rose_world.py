@@ -20,7 +20,7 @@ from loom.rollout.rose.admission import AdmissionKind, Role, ServingSlo
 from loom.rollout.rose.memory import MemorySharing
 from loom.rollout.rose.scheduler import ElasticRouter, RoutingKind
 from loom.sim.engine import Engine
-from loom.sim.rollout.coserve import CoServeConfig, CoServingWorker
+from loom.sim.rollout.coserve import CoServeConfig, CoServingWorker, SwapConfig
 from loom.sim.rollout.rose import LentInstance, RoseRollout
 from loom.sim.workloads.rose import ROSE_WORKLOADS
 from loom.sim.workloads.serving import ServingTrace, synthetic_day
@@ -61,6 +61,7 @@ def lent_slice(
     lease_s: float = 10.0,
     slo: ServingSlo = SLO,
     roles: Sequence[Role] | None = None,
+    swap: SwapConfig | None = None,
 ) -> list[LentInstance]:
     """`n` lent TP1 instances, 1 prefiller : 3 decoders unless `roles` says otherwise, on the
     real H800 pool or on `pool_pages` (headroom a fifth of it unless given)."""
@@ -78,6 +79,7 @@ def lent_slice(
                 memory=mem,
                 preemptive=preemptive,
                 prefix_cache=prefix_cache,
+                swap=swap,
             ),
             memory=MemorySharing(mem),
             tp=1,

@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rose_world import (
     SERVING_LAT,
@@ -30,7 +30,7 @@ from loom.core.errors import ConfigError
 from loom.experiments import rose as ex
 from loom.rollout.rose.admission import AdmissionKind, Role, ServingSlo
 from loom.rollout.rose.memory import MemoryConfig
-from loom.sim.rollout.coserve import CoServeConfig, CoServingWorker
+from loom.sim.rollout.coserve import CoServeConfig, CoServingWorker, Resident, SwapConfig
 from loom.sim.rollout.rose import RoseRollout
 
 ONE_PREFILLER = [Role.PREFILL, Role.DECODE, Role.DECODE, Role.DECODE]
@@ -317,3 +317,72 @@ def test_lent_instances_are_coserving_workers_with_their_own_pages() -> None:
     w = r.lent[0]
     # 2 MiB pages: 14 tokens of Qwen3-8B's KV, 36 of Qwen2.5-7B's
     assert (w.r_tpp, w.s_tpp) == (14, 36)
+
+
+# ---- ServerlessLLM: swapping the models (Table 1's baseline) -----------------------------
+SWAP = SwapConfig(serving_load_s=1.0, rollout_load_s=1.5, keep_alive_s=0.5)
+
+
+@settings(
+    max_examples=8,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],  # checked() patches alike
+)
+@given(
+    gaps=st.lists(st.floats(0.05, 8.0), min_size=5, max_size=40),
+    output=st.integers(2, 400),
+    seed=st.integers(0, 3),
+)
+def test_a_swapping_instance_holds_one_model_and_loses_nothing(
+    monkeypatch: pytest.MonkeyPatch, gaps: list[float], output: int, seed: int
+) -> None:
+    checked(monkeypatch)
+    trajs = specs(2, step=seed)
+    r = make_rollout(
+        trajs,
+        lent=lent_slice(4, swap=SWAP, admission=AdmissionKind.NONE),
+        serving=trace(np.cumsum(gaps), 300, output),
+        cap=2,
+    )
+
+    def check() -> None:
+        for w in r.lent:
+            if w.resident != Resident.ROLLOUT:  # the rollout model is not there
+                assert not w.running and w.used + w.idle_used == 0, w.resident
+                assert not w.activated
+            if w.resident != Resident.SERVING:  # nor is the serving model
+                assert r.eng.now >= w._s_busy_until and not math.isfinite(w._cycle)
+
+    hooks(r).append(check)
+    res = r.run()
+    assert res.output_tokens == output_tokens(trajs)  # evicted turns finished elsewhere
+    assert len(res.ttft_s) == len(gaps)  # every serving request served
+
+
+def test_a_request_that_evicts_the_rollout_waits_for_the_serving_model() -> None:
+    trajs = specs(2)
+    r = make_rollout(
+        trajs,
+        lent=lent_slice(4, swap=SWAP, admission=AdmissionKind.NONE),
+        serving=trace([0.0, 40.0, 40.2], 300, 50),
+        cap=2,
+    )
+    res = r.run()
+    assert res.lent_busy_s > 0  # the rollout ran there between the requests
+    evictions = sum(w.swaps for w in r.lent)
+    assert evictions >= 1 and res.aborts >= 1
+    assert res.ttft_s.max() >= SWAP.serving_load_s  # it waited for its model
+    assert res.output_tokens == output_tokens(trajs)
+
+
+def test_swapping_with_serving_never_idle_for_the_keep_alive_never_lends() -> None:
+    trajs = specs(1)
+    r = make_rollout(
+        trajs,
+        lent=lent_slice(4, swap=SwapConfig(serving_load_s=1.0, rollout_load_s=1.0)),
+        serving=trace(np.arange(0.0, 2_000.0, 0.1), 300, 20),  # no instance idles 1 s
+        cap=2,
+    )
+    res = r.run()
+    assert res.lent_busy_s == 0 and all(w.swaps == 0 for w in r.lent)
+    assert res.output_tokens == output_tokens(trajs)

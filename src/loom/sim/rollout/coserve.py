@@ -26,6 +26,12 @@ newest first), re-routing what it aborts with its partial output. Prefixes are l
 seconds. Serving reserves its request's whole KV (prompt + output) when it arrives; it never
 waits for rollout pages, only (with a static partition) for its own half of the pool. A rollout
 request without progress for 2 s is dropped and reported as stalled.
+
+Table 1's ServerlessLLM baseline (`swap`) shares the GPU by bidirectional autoscaling instead:
+one model is resident at a time. After the serving side has been idle for a keep-alive, the
+serving model is evicted and the rollout model loaded; a serving request arriving while the
+rollout model is resident (or loading) evicts it — its requests are aborted and re-routed with
+their partial output — and waits for the serving model to load again.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from loom.core.errors import ConfigError
@@ -55,7 +62,47 @@ if TYPE_CHECKING:
 
 ENGINE_CHUNK_TOKENS = 8192  # an engine's default chunked-prefill size (verl's, vLLM's)
 
-__all__ = ["CoServeConfig", "CoServingWorker", "ServingRequest", "ServingStats"]
+__all__ = [
+    "CoServeConfig",
+    "CoServingWorker",
+    "Resident",
+    "ServingRequest",
+    "ServingStats",
+    "SwapConfig",
+]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SwapConfig:
+    """Bidirectional autoscaling (ServerlessLLM, Table 1): one model resident at a time."""
+
+    serving_load_s: float = field(metadata={"help": "seconds to load the serving model"})
+    rollout_load_s: float = field(metadata={"help": "seconds to load the rollout model"})
+    keep_alive_s: float | None = field(
+        default=None,
+        metadata={
+            "help": "serving idle this long: its model is evicted and the rollout's loaded. "
+            "Neither paper gives ServerlessLLM's setting here; None: the serving model's load "
+            "time, the rent-or-buy break-even (keep a model as long as reloading it costs)"
+        },
+    )
+
+    @property
+    def keep_alive(self) -> float:
+        return self.serving_load_s if self.keep_alive_s is None else self.keep_alive_s
+
+    def __post_init__(self) -> None:
+        if min(self.serving_load_s, self.rollout_load_s, self.keep_alive) < 0:
+            raise ConfigError("load times and keep-alive must be >= 0 seconds")
+
+
+class Resident(StrEnum):
+    """Which model a swapping instance holds."""
+
+    SERVING = "serving"
+    LOADING_ROLLOUT = "loading_rollout"
+    ROLLOUT = "rollout"
+    LOADING_SERVING = "loading_serving"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,6 +130,10 @@ class CoServeConfig:
             "help": "rollout prefill tokens per iteration; None: §4.1's 512 where an SLO is "
             "enforced, else the engine's own 8,192 (no executor bounds the rollout's steps)"
         },
+    )
+    swap: SwapConfig | None = field(
+        default=None,
+        metadata={"help": "None: co-serve (ROSE); else swap the models (ServerlessLLM)"},
     )
 
     @property
@@ -167,7 +218,10 @@ class CoServingWorker(Worker):
         self._on_prefilled = on_prefilled
         self._on_capacity = on_capacity
         self.version = -1
-        self.activated = False
+        self._weights = False  # the rollout weights of `version` are here
+        self.resident = Resident.SERVING if config.swap is not None else None
+        self._swap_event: int | None = None
+        self.swaps = 0  # rollout model evictions (swap mode)
         self.alive = True
         self.stats = ServingStats()
         self.stalls = 0
@@ -191,6 +245,11 @@ class CoServingWorker(Worker):
         self.capacity = 0
 
     # ---- views for the router ------------------------------------------------------------
+    @property
+    def activated(self) -> bool:
+        """The rollout model is resident with its weights (swap mode: only while loaded)."""
+        return self._weights and self.resident in (None, Resident.ROLLOUT)
+
     @property
     def free_pages(self) -> int:
         return max(0, self._free()) // self.r_tpp
@@ -225,7 +284,8 @@ class CoServingWorker(Worker):
 
     def set_version(self, version: int) -> None:
         self.version = version
-        self.activated = True
+        self._weights = True
+        self._serving_idle()
 
     def fail(self) -> None:
         """The instance died: every rollout request on it goes back to the router."""
@@ -239,6 +299,7 @@ class CoServingWorker(Worker):
         self.served += 1
         self.s_queue.append(req)
         self.s_tokens += req.prompt
+        self._serving_needed()
         self._memory_changed()
         if self.eng.now >= self._s_busy_until:
             self.poke()  # the rollout iteration in flight ends, then serving runs
@@ -247,6 +308,7 @@ class CoServingWorker(Worker):
         """A prefilled serving request arrives at this decoder."""
         assert self.cfg.role == Role.DECODE
         self.served += 1
+        self._serving_needed()
         self._advance_serving()
         self.s_wait.append(req)
         self._admit_serving()
@@ -278,6 +340,10 @@ class CoServingWorker(Worker):
         self._advance_serving()
         self._seg = None
         self.reserved = 0
+        if self.resident in (Resident.LOADING_SERVING, Resident.LOADING_ROLLOUT):
+            self._cycle = math.inf  # a model is loading: neither side runs
+            self._arm_serving()
+            return
         if self.cfg.role == Role.PREFILL:
             self._plan_prefiller(start)
         else:
@@ -367,6 +433,7 @@ class CoServingWorker(Worker):
         self._memory_changed()
         if self._on_prefilled is not None:
             self._on_prefilled(req, self)
+        self._serving_idle()
         self.poke()
 
     def _advance_serving(self) -> None:
@@ -427,6 +494,7 @@ class CoServingWorker(Worker):
         self.s_active = still
         self._admit_serving()
         self._memory_changed()
+        self._serving_idle()
         self.poke()
 
     # ---- memory --------------------------------------------------------------------------
@@ -434,7 +502,9 @@ class CoServingWorker(Worker):
         """Serving usage or the budget moved: ask the policy, reclaim in its order, and set
         how far the rollout may grow."""
         pool = self.mem.cfg.pool_pages
-        if self.cfg.preemptive:
+        if self.resident is not None:  # swap: the whole pool to whichever model is resident
+            hard = grow = pool if self.resident == Resident.ROLLOUT else 0
+        elif self.cfg.preemptive:
             self.mem.set_serving(min(self.serving_pages, pool), self.eng.now)
             hard = min(self.mem.budget, pool - self.serving_pages)
             grow = min(self.mem.budget, pool - self.serving_pages - self.mem.cfg.headroom_pages)
@@ -463,6 +533,62 @@ class CoServingWorker(Worker):
         for s in aborted:
             self._on_abort(s.traj, self, "memory")
         self.aborts += len(aborted)
+
+    # ---- swapping (ServerlessLLM) ----------------------------------------------------------
+    def _serving_needed(self) -> None:
+        """A serving request arrived: with the rollout model in (or coming), evict it and
+        load the serving model; the request waits for it."""
+        if self.resident is None:
+            return
+        if self.resident == Resident.SERVING:
+            self._cancel_swap()  # no longer idle
+            return
+        if self.resident == Resident.LOADING_SERVING:
+            return
+        self._cancel_swap()
+        self.swaps += 1
+        self.resident = Resident.LOADING_SERVING  # before the aborts: nothing routes here
+        self._abort_all("evicted")
+        for t in list(self.idle):
+            self.drop_idle(t)
+        self._memory_changed()
+        assert self.cfg.swap is not None
+        self._swap_event = self.eng.after(
+            self.cfg.swap.serving_load_s, self._loaded, Resident.SERVING, priority=0
+        )
+
+    def _serving_idle(self) -> None:
+        """Serving may have gone idle: after the keep-alive, the rollout model comes in."""
+        if self.resident != Resident.SERVING or not self._weights or not self.alive:
+            return
+        if self.s_queue or self.s_active or self.s_wait or self.eng.now < self._s_busy_until:
+            return
+        self._cancel_swap()
+        assert self.cfg.swap is not None
+        self._swap_event = self.eng.after(self.cfg.swap.keep_alive, self._load_rollout)
+
+    def _load_rollout(self) -> None:
+        self._swap_event = None
+        assert self.cfg.swap is not None
+        self.resident = Resident.LOADING_ROLLOUT
+        self._swap_event = self.eng.after(
+            self.cfg.swap.rollout_load_s, self._loaded, Resident.ROLLOUT, priority=0
+        )
+
+    def _loaded(self, model: Resident) -> None:
+        self._swap_event = None
+        self.resident = model
+        self._memory_changed()  # the rollout's capacity comes (and the router hears of it)
+        if model == Resident.SERVING:
+            self._serving_idle()
+        if model == Resident.ROLLOUT and self._on_capacity is not None:
+            self._on_capacity(self)
+        self.poke()
+
+    def _cancel_swap(self) -> None:
+        if self._swap_event is not None:
+            self.eng.cancel(self._swap_event)
+            self._swap_event = None
 
     # ---- leases and stalls ---------------------------------------------------------------
     def _arm_lease(self) -> None:
