@@ -277,3 +277,25 @@ def test_quick_reproduce_of_the_cheap_experiments_writes_the_contract(tmp_path: 
     assert [r["per_gpu_batch"] for r in fig12] == [1, 2, 4, 8, 16, 32, 64]
     assert all(r["throughput_tok_s"] > 0 for r in fig12)
     assert (tmp_path / "rose" / "fig12.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_table1_records_hold_the_contract_and_serverlessllm_violates_when_it_swaps(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "rose.json"
+    args = ["reproduce", "rose", "--quick", "--only", "table1", "--out", str(tmp_path)]
+    result = CliRunner().invoke(app, [*args, "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = [r for r in json.loads(out.read_text())["records"] if r["experiment"] == "table1"]
+    for model in ("qwen3-8b", "qwen3-32b"):
+        mine = {r["policy"]: r for r in rows if r["model"] == model}
+        assert {"rose", "serverlessllm", "prism"} <= set(mine)
+        for policy in ("rose", "serverlessllm", "prism"):
+            r = mine[policy]
+            for field in ("rollout_time_s", "ttft_p99_ms", "tpot_p99_ms", "slo_violations"):
+                assert field in r, (policy, field)
+        assert mine["rose"]["slo_violations"] == 0
+        # scaled down the moment serving idles, every arrival waits for a reload
+        assert mine["serverlessllm@keepalive0"]["slo_violations"] > 0
+        assert mine["serverlessllm"]["rollout_time_s"] > mine["rose"]["rollout_time_s"]
