@@ -25,10 +25,10 @@ SANDBOX = "none" if bubblewrap_missing() else "bwrap"
 # chunk at 8 s, after all 4,000 tokens). A model ten times heavier per token (11 ms on one
 # core) keeps the API server well ahead of the engine.
 HEAVY_MODEL = TinyModelSpec(hidden_size=1024, intermediate_size=4096, num_heads=16, num_kv_heads=16)
-# vLLM's CPU backend sizes its KV space as a share of the NUMA node's memory, not the machine's:
-# on a machine whose node 0 holds 9.5 of its 24 GB, the heavy model's full 4,096-token context
-# does not fit in the default share (it needs 0.06 GiB of 0.05). The tests use 1,504 at most.
-HEAVY_ENGINE = {"model_spec": HEAVY_MODEL, "max_model_len": 2048}
+# vLLM's CPU backend sizes its memory as a share of the NUMA node's, not the machine's: on a
+# machine whose node 0 holds 9.5 of its 24 GB, the default 10% leaves 0.05 GiB of KV after the
+# heavy model's 0.86 GiB, short of the 0.06 GiB its 4,096-token context needs; 15% leaves 0.5.
+HEAVY_ENGINE = {"model_spec": HEAVY_MODEL, "gpu_memory_utilization": 0.15}
 
 
 @pytest.fixture(scope="session")
