@@ -114,7 +114,8 @@ def bench_hrrs(repeats: int) -> None:
         times.append((time.perf_counter() - t) * 1e3)
     p50, p99 = _median_ms(times)
     print(
-        f"HRRS plan over 64 queued operations: p50 {p50:.2f} ms, p99 {p99:.2f} ms (target p50 <= 1 ms)"
+        f"HRRS plan over 64 queued operations: p50 {p50:.2f} ms, p99 {p99:.2f} ms "
+        "(target p50 <= 1 ms)"
     )
 
 
