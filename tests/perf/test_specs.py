@@ -41,10 +41,16 @@ def test_prices_only_from_the_seed_papers() -> None:
     assert gpu_spec("h100").price_per_h is None
 
 
+MOE_FIELDS = ("num_experts", "experts_per_token", "moe_intermediate_size", "active_params_b")
+
+
 @pytest.mark.parametrize("name", list_models())
 def test_every_model_has_a_sourced_spec(name: str) -> None:
     spec = model_spec(name)
     for field in _numeric_fields(spec):
+        if field in MOE_FIELDS and not spec.is_moe:
+            assert not getattr(spec, field), f"dense {name} has {field}"
+            continue
         assert getattr(spec, field) > 0
         assert spec.sources[field].strip(), f"{name}.{field} has no source"
     assert spec.num_heads % spec.num_kv_heads == 0
@@ -78,3 +84,11 @@ def test_calibration_is_sourced_and_estimates_say_so() -> None:
 def test_unknown_names_list_the_known_ones(lookup, bad: str, known: str) -> None:
     with pytest.raises(ConfigError, match=rf"unknown .*{bad}.*{known}"):
         lookup(bad)
+
+
+def test_a_mixture_of_experts_counts_its_active_parameters() -> None:
+    m = model_spec("qwen3-30b-a3b")
+    assert m.is_moe and (m.num_experts, m.experts_per_token) == (128, 8)
+    assert m.flops_per_token == pytest.approx(2 * 3.3e9)  # the active ones
+    assert m.weight_bytes == pytest.approx(2 * 30.5e9)  # every expert is stored
+    assert model_spec("qwen3-235b-a22b").active_params_b == 22.0

@@ -18,6 +18,7 @@ class SystemKind(StrEnum):
     TANGRAM = "tangram"
     ROLLMUX = "rollmux"
     ROSE = "rose"
+    PLEXRL = "plexrl"
 
 
 @dataclass(frozen=True)
@@ -80,3 +81,16 @@ def _rose() -> Reproduction:
 
 
 SYSTEMS.add(SystemKind.ROSE, _rose())
+
+
+def _plexrl() -> Reproduction:
+    from loom.experiments import plexrl
+
+    return Reproduction(
+        tasks=lambda seed, quick: plexrl.run_experiments(seed, quick),
+        plot=plexrl.plot,
+        summary=plexrl.summary,
+    )
+
+
+SYSTEMS.add(SystemKind.PLEXRL, _plexrl())

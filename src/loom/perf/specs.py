@@ -41,7 +41,8 @@ class GpuSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class ModelSpec:
-    """A dense decoder's shape as in its `config.json`; `sources` as in `GpuSpec`."""
+    """A decoder's shape as in its `config.json` (dense, or a mixture of experts); `sources` as
+    in `GpuSpec`."""
 
     name: str
     params_b: float
@@ -52,7 +53,16 @@ class ModelSpec:
     head_dim: int
     intermediate_size: int
     vocab_size: int
+    # mixture of experts (0 / None for a dense model)
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    active_params_b: float | None = None  # parameters a token passes through
     sources: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
 
     @property
     def weight_bytes(self) -> float:
@@ -66,8 +76,9 @@ class ModelSpec:
 
     @property
     def flops_per_token(self) -> float:
-        """FLOPs of the linear layers per token (≈ 2 · parameters), attention excluded."""
-        return 2.0 * self.params_b * 1e9
+        """FLOPs of the linear layers per token (≈ 2 · parameters it passes through: the active
+        ones of a mixture of experts), attention excluded."""
+        return 2.0 * (self.active_params_b or self.params_b) * 1e9
 
     @property
     def attn_flops_per_pair(self) -> int:

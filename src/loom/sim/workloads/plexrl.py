@@ -1,0 +1,140 @@
+"""PlexRL's RLVR jobs (§6.1, Tables 1 and 2) and the cost of moving their state, from
+`data/plexrl.toml`.
+
+A job trains on its training deployment (DP x CP x PP x TP GPUs) and rolls out on its own
+rollout GPUs (DP_R x TP_R). Each step runs compute_log_prob, update_actor and sync_weight on
+the training deployment (Table 2); the rollout is what sets the cycle (Table 2's cycles are ~5x
+the training operations), so a job's rollout takes its cycle.
+
+A context switch on a training node group (§4.4, Eq. 3) offloads the resident job's state and
+loads the next one's. The state a rank holds under ZeRO-2 (§6.1): bf16 weights (whole on every
+rank of a replica, split by PP and TP, expert weights also by EP) and the fp32 optimizer (12
+bytes a parameter) sharded over every rank; with ZeRO-offload (235B) the optimizer lives in host
+memory and never moves. PlexRL's StateManager copies through pinned host memory (§5.3) at the
+measured pinned bandwidth.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from loom.core.errors import ConfigError
+from loom.perf.specs import ModelSpec, model_spec
+
+__all__ = ["TRAIN_OPS", "PlexJob", "StateCosts", "plexrl_job", "plexrl_jobs", "state_costs"]
+
+TRAIN_OPS = ("compute_log_prob", "update_actor", "sync_weight")
+
+
+@cache
+def _data() -> dict[str, Any]:
+    ref = resources.files("loom.sim.workloads").joinpath("data").joinpath("plexrl.toml")
+    with ref.open("rb") as f:
+        return tomllib.load(f)
+
+
+def _values(table: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: (v["value"] if isinstance(v, dict) else v) for k, v in table.items()}
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlexJob:
+    """One of §6's jobs."""
+
+    key: str  # "7b", "30b", "235b"
+    model: str
+    dp: int
+    cp: int
+    ep: int
+    pp: int
+    tp: int
+    dp_r: int
+    tp_r: int
+    cycle_s: float
+    compute_log_prob_s: float
+    update_actor_s: float
+    sync_weight_s: float
+    bubble_ratio: float  # Table 2, as printed
+    zero_offload: bool
+    gpu_hours_saving_vs_split_async: float  # Fig. 7b, as printed
+
+    @property
+    def train_gpus(self) -> int:
+        return self.dp * self.cp * self.pp * self.tp
+
+    @property
+    def rollout_gpus(self) -> int:
+        return self.dp_r * self.tp_r
+
+    @property
+    def train_ops(self) -> tuple[tuple[str, float], ...]:
+        return tuple((name, float(getattr(self, f"{name}_s"))) for name in TRAIN_OPS)
+
+    @property
+    def train_s(self) -> float:
+        return sum(d for _, d in self.train_ops)
+
+    @property
+    def rollout_s(self) -> float:
+        """The rollout sets the cycle (Table 2: the training operations take 19-29% of it)."""
+        return self.cycle_s
+
+    @property
+    def spec(self) -> ModelSpec:
+        return model_spec(self.model)
+
+
+def plexrl_job(key: str) -> PlexJob:
+    jobs = _data()["jobs"]
+    if key not in jobs:
+        raise ConfigError(f"unknown PlexRL job {key!r}; known: {', '.join(jobs)}")
+    return PlexJob(key=key, **_values(jobs[key]))
+
+
+def plexrl_jobs() -> list[PlexJob]:
+    return [plexrl_job(k) for k in _data()["jobs"]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class StateCosts:
+    """Bytes a training rank holds and the bandwidths that move them."""
+
+    weight_bytes_per_param: float
+    optimizer_bytes_per_param: float
+    pinned_h2d_gbs: float
+    pinned_d2h_gbs: float
+    pageable_h2d_gbs: float
+    pageable_d2h_gbs: float
+    colocated_optimizer_load_s: float
+
+    def rank_bytes(self, job: PlexJob) -> tuple[float, float]:
+        """(weight bytes, optimizer bytes) on one training rank of `job` that a switch moves
+        (the optimizer is 0 under ZeRO-offload: it stays in host memory)."""
+        m = job.spec
+        total = m.params_b * 1e9
+        expert = 0.0
+        if m.is_moe:
+            expert = m.num_layers * m.num_experts * 3 * m.hidden_size * m.moe_intermediate_size
+            expert = min(expert, total)
+        per_rank_params = ((total - expert) + expert / job.ep) / (job.pp * job.tp)
+        weights = per_rank_params * self.weight_bytes_per_param
+        optimizer = (
+            0.0 if job.zero_offload else total * self.optimizer_bytes_per_param / job.train_gpus
+        )
+        return weights, optimizer
+
+    def load_s(self, job: PlexJob) -> float:
+        """Bring `job`'s state onto its ranks from pinned host memory (ranks copy in parallel)."""
+        return sum(self.rank_bytes(job)) / (self.pinned_h2d_gbs * 1e9)
+
+    def offload_s(self, job: PlexJob) -> float:
+        return sum(self.rank_bytes(job)) / (self.pinned_d2h_gbs * 1e9)
+
+
+def state_costs() -> StateCosts:
+    return StateCosts(**_values(_data()["state"]))
