@@ -33,11 +33,20 @@ def test_fig7b_plexrl_saves_gpu_hours_over_split_async() -> None:
     rows = ex.fig7b_records(steps=6)
     for model in {r["model"] for r in rows}:
         mine = {r["policy"]: r for r in rows if r["model"] == model}
-        assert set(mine) == {"split_async", "plexrl", "plexrl_fcfs"}
+        assert set(mine) == {"split_async", "plexrl", "plexrl_fcfs", "colocated"}
         assert mine["plexrl"]["gpu_hours_per_step"] < mine["split_async"]["gpu_hours_per_step"]
         assert 0 < mine["plexrl"]["saving_vs_split_async"] < 0.5
-    summary = ex.summary(rows + ex.table2_records())
-    assert {r["of"] for r in summary} == {"table2", "fig7b"}
+    summary = ex.summary(rows + ex.table2_records() + ex.fig7c_records(seed=1))
+    assert {r["of"] for r in summary} == {"table2", "fig7b", "fig7c"}
+
+
+def test_fig7c_small_dp_runs_closer_to_saturation_than_colocated() -> None:
+    rows = ex.fig7c_records(seed=1)
+    for model in {r["model"] for r in rows}:
+        mine = {r["policy"]: r for r in rows if r["model"] == model}
+        assert set(mine) == {"plexrl", "colocated"}
+        assert mine["plexrl"]["throughput_auc_ratio"] > mine["colocated"]["throughput_auc_ratio"]
+        assert mine["colocated"]["replicas"] > mine["plexrl"]["replicas"]
 
 
 def test_quick_reproduce_writes_the_contract(tmp_path: Path) -> None:
@@ -53,4 +62,7 @@ def test_quick_reproduce_writes_the_contract(tmp_path: Path) -> None:
     f7 = [r for r in records if r["experiment"] == "fig7b"]
     assert {"plexrl", "split_async"} <= {r["policy"] for r in f7}
     assert all("gpu_hours_per_step" in r and "model" in r for r in f7)
+    f7c = [r for r in records if r["experiment"] == "fig7c"]
+    assert {r["policy"] for r in f7c} == {"plexrl", "colocated"}
+    assert all("throughput_auc_ratio" in r for r in f7c)
     assert (tmp_path / "plexrl" / "fig7b.png").stat().st_size > 0

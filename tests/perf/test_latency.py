@@ -50,7 +50,30 @@ def test_invalid_tp_raises() -> None:
     with pytest.raises(ConfigError, match="divide"):
         roofline(model="qwen3-8b", tp=3)
     with pytest.raises(ConfigError, match="divide"):
-        roofline(model="qwen2.5-7b", tp=8)
+        roofline(model="qwen2.5-7b", tp=6)
+
+
+def test_tp_beyond_the_kv_heads_replicates_them() -> None:
+    """Qwen2.5-7B has 4 KV heads: at TP 8 each is held by two ranks (vLLM replicates them),
+    so attending a long context reads twice the KV bytes per step in all."""
+    four, eight = roofline(model="qwen2.5-7b", tp=4), roofline(model="qwen2.5-7b", tp=8)
+    kv = eight.model.kv_bytes_per_token * 1_000_000
+    assert eight._memory_s(1, 1_000_000, 0, 0) - eight._memory_s(1, 0, 0, 0) == pytest.approx(
+        2 * kv / (eight.gpu.hbm_bw_tbs * 1e12 * 8 * eight.calibration.decode_mbu), rel=1e-6
+    )
+    assert four._memory_s(1, 1_000_000, 0, 0) > 0
+
+
+def test_a_mixture_of_experts_reads_only_the_experts_its_tokens_route_to() -> None:
+    moe = roofline(model="qwen3-30b-a3b", tp=1)
+    one, many = moe._memory_s(1, 0, 0, 0), moe._memory_s(4096, 0, 0, 0)
+    assert one < 0.2 * many  # one token: 8 of 128 experts a layer
+    assert many == pytest.approx(
+        moe.model.weight_bytes / (moe.gpu.hbm_bw_tbs * 1e12 * moe.calibration.decode_mbu)
+        + moe.model.kv_bytes_per_token * 4096
+        / (moe.gpu.hbm_bw_tbs * 1e12 * moe.calibration.decode_mbu),
+        rel=1e-3,
+    )
 
 
 args = st.tuples(*(st.integers(0, 200_000),) * 4)

@@ -92,8 +92,12 @@ class _IterationModel:
 def _check_tp(tp: int, model: ModelSpec | None = None) -> None:
     if tp < 1:
         raise ConfigError(f"tp must be >= 1, got {tp}")
-    if model is not None and model.num_kv_heads % tp:
-        raise ConfigError(f"tp={tp} must divide {model.name}'s {model.num_kv_heads} KV heads")
+    # NOTE: beyond the KV heads, engines replicate each head over tp / heads ranks (vLLM does)
+    if model is not None and model.num_kv_heads % tp and tp % model.num_kv_heads:
+        raise ConfigError(
+            f"tp={tp} must divide {model.name}'s {model.num_kv_heads} KV heads or be a "
+            "multiple of them"
+        )
 
 
 def _prefill_pairs(prefill_tokens: float, prefill_context: float) -> float:
@@ -151,7 +155,8 @@ class RooflineLatencyModel(_IterationModel):
     def _memory_s(self, db: int, dc: int, pt: int, pc: int) -> float:
         m = self.model
         # NOTE: prefill reads its cached context once (flash-attention tiles), not once per query.
-        nbytes = m.weight_bytes + m.kv_bytes_per_token * (dc + pc + db + pt)
+        kv = m.kv_bytes_per_token * (dc + pc + db + pt) * max(1, self.tp // m.num_kv_heads)
+        nbytes = _weights_read(m, db + pt) + kv
         return nbytes / (self.gpu.hbm_bw_tbs * 1e12 * self.tp * self.calibration.decode_mbu)
 
     def _allreduce_s(self, tokens: int) -> float:
@@ -162,6 +167,20 @@ class RooflineLatencyModel(_IterationModel):
         ring = 2 * (self.tp - 1) / self.tp * nbytes
         one = ring / (self.gpu.nvlink_gbs * 1e9 * cal.allreduce_efficiency)
         return 2 * self.model.num_layers * (one + cal.allreduce_latency_s)
+
+
+def _weights_read(m: ModelSpec, tokens: int) -> float:
+    """Weight bytes one iteration reads: all of a dense model's; of a mixture of experts, the
+    shared part and the experts its `tokens` route to (each picks k of E per layer, uniformly:
+    a layer's expert is read with probability 1 − (1 − k/E)^tokens)."""
+    if not m.is_moe:
+        return m.weight_bytes
+    expert = min(
+        m.weight_bytes,
+        2.0 * m.num_layers * m.num_experts * 3 * m.hidden_size * m.moe_intermediate_size,
+    )
+    touched = 1.0 - (1.0 - m.experts_per_token / m.num_experts) ** max(tokens, 1)
+    return m.weight_bytes - expert + expert * touched
 
 
 class ProfileRow(NamedTuple):

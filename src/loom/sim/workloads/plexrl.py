@@ -135,6 +135,21 @@ class StateCosts:
     def offload_s(self, job: PlexJob) -> float:
         return sum(self.rank_bytes(job)) / (self.pinned_d2h_gbs * 1e9)
 
+    def colocated_switch_s(self, job: PlexJob) -> float:
+        """A colocated job's two mode switches per step (§6.2): before training its rollout
+        engine's weights go to host memory and the optimizer comes in; after it, back. The
+        optimizer moves at the rate §6.2's 19.0 s for the 30B job implies (its per-rank bytes
+        over 19.0 s: the framework's own offload path, not a pinned copy), the weights at the
+        measured pageable rates."""
+        anchor = plexrl_job("30b")
+        rate = self.rank_bytes(anchor)[1] / self.colocated_optimizer_load_s
+        weights, optimizer = self.rank_bytes(job)
+        return (
+            2 * optimizer / rate
+            + weights / (self.pageable_d2h_gbs * 1e9)
+            + weights / (self.pageable_h2d_gbs * 1e9)
+        )
+
 
 def state_costs() -> StateCosts:
     return StateCosts(**_values(_data()["state"]))
