@@ -52,7 +52,18 @@ def test_fig7c_small_dp_runs_closer_to_saturation_than_colocated() -> None:
 def test_quick_reproduce_writes_the_contract(tmp_path: Path) -> None:
     out = tmp_path / "plexrl.json"
     result = CliRunner().invoke(
-        app, ["reproduce", "plexrl", "--quick", "--out", str(tmp_path), "--json", str(out)]
+        app,
+        [
+            "reproduce",
+            "plexrl",
+            "--quick",
+            "--only",
+            "table2,fig7b,fig7c,fig8",
+            "--out",
+            str(tmp_path),
+            "--json",
+            str(out),
+        ],
     )
     assert result.exit_code == 0, result.output
     records = json.loads(out.read_text())["records"]
@@ -65,4 +76,13 @@ def test_quick_reproduce_writes_the_contract(tmp_path: Path) -> None:
     f7c = [r for r in records if r["experiment"] == "fig7c"]
     assert {r["policy"] for r in f7c} == {"plexrl", "colocated"}
     assert all("throughput_auc_ratio" in r for r in f7c)
+    f8 = [r for r in records if r["experiment"] == "fig8"]
+    assert {r["policy"] for r in f8} == {"isolated", "pack", "spread", "spread_backfill"}
+    for r in f8:
+        assert {"time_to_drain_s", "queue_delay_p50", "queue_delay_p90", "queue_delay_p99"} <= set(
+            r
+        )
+    drain = {r["policy"]: r["time_to_drain_s"] for r in f8}
+    assert drain["spread_backfill"] < drain["isolated"]
     assert (tmp_path / "plexrl" / "fig7b.png").stat().st_size > 0
+    assert (tmp_path / "plexrl" / "fig8.png").stat().st_size > 0

@@ -70,7 +70,8 @@ def test_a_mixture_of_experts_reads_only_the_experts_its_tokens_route_to() -> No
     assert one < 0.2 * many  # one token: 8 of 128 experts a layer
     assert many == pytest.approx(
         moe.model.weight_bytes / (moe.gpu.hbm_bw_tbs * 1e12 * moe.calibration.decode_mbu)
-        + moe.model.kv_bytes_per_token * 4096
+        + moe.model.kv_bytes_per_token
+        * 4096
         / (moe.gpu.hbm_bw_tbs * 1e12 * moe.calibration.decode_mbu),
         rel=1e-3,
     )

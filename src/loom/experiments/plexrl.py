@@ -11,7 +11,11 @@
   GPU-hours count training and rollout GPUs over the run, divided by the steps completed.
 * `fig7c` — decode throughput of a rollout at the job's rollout DP (PlexRL) and at the
   colocated DP, as the ratio of its real to its saturated throughput AUC (`loom.sim.rollout.
-  tail`), on `RESPONSES` responses of the repository's long-tailed math workload.
+  tail`), on 1,024 responses of the repository's long-tailed math workload.
+* `fig8` — a trace of RL jobs on a fixed cluster of training node groups under Isolated, Pack,
+  Spread and Spread+Backfill (`loom.sim.cluster.plexrl_trace`): each job's queueing delay over
+  its own duration, and the time to drain the trace; `fig8_load` repeats it at other offered
+  loads, since the paper's trace (three months of its cluster) is not public.
 """
 
 from __future__ import annotations
@@ -20,17 +24,21 @@ from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 
+import numpy as np
+
 from loom.cluster.plexrl import OP_POLICIES, OpPolicyKind
-from loom.experiments.report import Record, Task, bar_plot, by_experiment
+from loom.experiments.report import Record, Task, bar_plot, by_experiment, line_plot
 from loom.perf.latency import RooflineLatencyModel
 from loom.sim.cluster.plexrl import GroupJob, NodeGroupSimulator
+from loom.sim.cluster.plexrl_trace import Sharing, TraceSimulator
 from loom.sim.rollout.tail import DecodeCurve, decode_curve
-from loom.sim.workloads.agentic import AgenticWorkload
-from loom.sim.workloads.plexrl import PlexJob, plexrl_jobs, state_costs
+from loom.sim.workloads.agentic import AgenticWorkload, WorkloadKind
+from loom.sim.workloads.plexrl import PlexJob, job_trace, plexrl_jobs, state_costs
 
 __all__ = [
     "fig7b_records",
     "fig7c_records",
+    "fig8_records",
     "plot",
     "run_experiments",
     "summary",
@@ -43,6 +51,8 @@ PROMPTS, SAMPLES = 64, 16  # assumed: 1,024 responses a step (§6.1 gives no bat
 MAX_RESPONSE = 32_768  # assumed: a thinking model's usual response cap in RLVR
 MAX_RUNNING = 256  # vLLM's default max_num_seqs
 FIG7C_PAPER = {"plexrl": 0.7503, "colocated": 0.5274}  # §6.2, the 235B job
+FIG8_PAPER_DRAIN = {"spread_backfill": 0.56}  # §6.3: 56.0% of Isolated's time to drain
+FIG8_LOAD = 1.5  # assumed: arrivals offer 1.5x what the groups hold one job each
 
 
 def table2_records() -> list[Record]:
@@ -132,7 +142,7 @@ def fig7b_records(steps: int, seed: int = 1) -> list[Record]:
 @cache
 def _lengths(seed: int) -> tuple[int, ...]:
     wl = AgenticWorkload(
-        kind="math",
+        kind=WorkloadKind.MATH,
         model="qwen3-14b",
         num_prompts=PROMPTS,
         samples=SAMPLES,
@@ -193,14 +203,70 @@ def fig7c_records(seed: int) -> list[Record]:
     return rows
 
 
+def fig8_records(
+    seed: int, *, jobs: int, groups: int, load: float, tag: str = "fig8"
+) -> list[Record]:
+    trace = job_trace(seed, jobs=jobs, groups=groups, load=load)
+    horizon = max(j.duration_s + j.footprint.period for j in trace) + 1
+    rows: list[Record] = []
+    cdf: list[Record] = []
+    for policy in Sharing:
+        res = TraceSimulator(
+            trace, groups=groups, nodes_per_group=1, policy=policy, horizon=horizon
+        ).run()
+        delays = np.array([r.normalized_delay for r in res.records])
+        rows.append(
+            {
+                "experiment": tag,
+                "policy": policy.value,
+                "model": "mixed",
+                "jobs": jobs,
+                "groups": groups,
+                "load": load,
+                "time_to_drain_s": res.drain_s,
+                "queue_delay_p50": float(np.percentile(delays, 50)),
+                "queue_delay_p90": float(np.percentile(delays, 90)),
+                "queue_delay_p99": float(np.percentile(delays, 99)),
+                "backfilled": sum(r.backfilled for r in res.records),
+            }
+        )
+        if tag == "fig8":  # the CDF, as tidy records: the delay at each 5% of the jobs
+            for q in range(0, 101, 5):
+                cdf.append(
+                    {
+                        "experiment": "fig8_cdf",
+                        "policy": policy.value,
+                        "model": "mixed",
+                        "share": q / 100,
+                        "queue_delay": float(np.percentile(delays, q)),
+                    }
+                )
+    iso = next(r for r in rows if r["policy"] == "isolated")["time_to_drain_s"]
+    for r in rows:
+        r["drain_vs_isolated"] = r["time_to_drain_s"] / iso
+        r["paper_drain_vs_isolated"] = FIG8_PAPER_DRAIN.get(r["policy"]) if tag == "fig8" else None
+    return rows + cdf
+
+
 def run_experiments(seed: int, quick: bool) -> tuple[int, Iterator[Task]]:
-    """Table 2, Fig. 7b and Fig. 7c (Fig. 8 comes in later work)."""
+    """Table 2, Fig. 7b, Fig. 7c and Fig. 8 (with a load sweep)."""
     steps = 20 if quick else 100  # §6.2: 100-step budgets
+    jobs, groups = (80, 6) if quick else (300, 16)
     tasks: list[Task] = [
         ("table2", table2_records),
         ("fig7b", lambda: fig7b_records(steps, seed)),
         ("fig7c", lambda: fig7c_records(seed)),
+        ("fig8", lambda: fig8_records(seed, jobs=jobs, groups=groups, load=FIG8_LOAD)),
     ]
+    for load in (1.0, 2.0, 3.0):
+        tasks.append(
+            (
+                f"fig8_load {load:g}",
+                lambda load=load: fig8_records(  # type: ignore[misc]
+                    seed, jobs=jobs, groups=groups, load=load, tag="fig8_load"
+                ),
+            )
+        )
     return len(tasks), iter(tasks)
 
 
@@ -227,6 +293,18 @@ def plot(records: list[Record], out: Path) -> list[Path]:
                 metric="throughput_auc_ratio",
                 path=out / "fig7c.png",
                 title="Fig. 7c: real / saturated throughput AUC",
+            )
+        )
+    if "fig8_cdf" in by:
+        paths.append(
+            line_plot(
+                by["fig8_cdf"],
+                x="queue_delay",
+                metric="share",
+                hue="policy",
+                facet="model",
+                path=out / "fig8.png",
+                title="Fig. 8: CDF of queueing delay / job duration",
             )
         )
     if "fig7b" in by:
@@ -264,6 +342,19 @@ def summary(records: list[Record]) -> list[Record]:
                 {
                     "experiment": "summary",
                     "of": "fig7c",
+                    "model": r["model"],
+                    "policy": r["policy"],
+                    "ours": ours,
+                    "paper": paper,
+                    "within_target": abs(ours / paper - 1) <= TARGET,
+                }
+            )
+        if r["experiment"] == "fig8" and r.get("paper_drain_vs_isolated"):
+            ours, paper = r["drain_vs_isolated"], r["paper_drain_vs_isolated"]
+            rows.append(
+                {
+                    "experiment": "summary",
+                    "of": "fig8",
                     "model": r["model"],
                     "policy": r["policy"],
                     "ours": ours,

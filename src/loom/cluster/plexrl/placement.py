@@ -28,12 +28,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from fractions import Fraction
 
 from loom.cluster.plexrl.timeline import Footprint, IntervalSet, Timeline
 from loom.core.errors import ConfigError
 
 __all__ = [
+    "GroupOrder",
     "JobPlacement",
     "PlacementConfig",
     "PlexPlacement",
@@ -147,6 +149,13 @@ def fit_scan(
     return None
 
 
+class GroupOrder(StrEnum):
+    """How groups where a job fits are ranked (Fig. 8's sharing policies)."""
+
+    SPREAD = "spread"  # PlexRL §4.3.2: least Eq. 1 cost, least interference, least loaded
+    PACK = "pack"  # the most loaded group that takes the job (then the least cost)
+
+
 @dataclass(frozen=True, kw_only=True)
 class PlacementConfig:
     groups: tuple[tuple[int, ...], ...] = field(
@@ -163,6 +172,9 @@ class PlacementConfig:
             "help": "§7.2: a group whose residents would be busy more than this share of the "
             "time takes no further job (the paper names the bound, not its value; assumed)"
         },
+    )
+    order: GroupOrder = field(
+        default=GroupOrder.SPREAD, metadata={"help": "how feasible groups are ranked"}
     )
     margin_s: int = field(
         default=10,
@@ -219,30 +231,39 @@ class PlexPlacement:
         return next((g for g, jobs in self.residents.items() if job in jobs), None)
 
     # ---- cold start --------------------------------------------------------------------------
-    def cold_start(self, job: str, nodes: int) -> JobPlacement | None:
-        """A group of `nodes` nodes with no resident, booked whole over the horizon."""
+    def cold_start(self, job: str, nodes: int, duration: int | None = None) -> JobPlacement | None:
+        """A group of `nodes` nodes with no resident, booked whole over the horizon (or for
+        `duration` seconds)."""
         tl = self.timeline
         for g, members in enumerate(self.config.groups):
             if len(members) != nodes or self.residents[g]:
                 continue
             whole = Footprint(((0, tl.horizon),), period=tl.horizon, nodes=nodes)
-            tl.commit(job, whole, tl.now, members)
+            until = None if duration is None else tl.now + duration
+            tl.commit(job, whole, tl.now, members, until)
             self.residents[g][job] = whole
             self.starts[job] = tl.now
             return JobPlacement(job, g, members, 0, tl.now, 0.0, 0.0, True, 0.0, 1)
         return None
 
     # ---- warm start -------------------------------------------------------------------------
-    def place(self, job: str, footprint: Footprint) -> JobPlacement | None:
-        """Fit `job`'s trace on the best group and commit it; None if no group takes it (the
-        caller queues the job)."""
-        return self._place(job, footprint, None)
+    def place(
+        self, job: str, footprint: Footprint, duration: int | None = None
+    ) -> JobPlacement | None:
+        """Fit `job`'s trace on the best group and commit it — for `duration` seconds from its
+        start if given, else over the horizon; None if no group takes it (the caller queues
+        the job)."""
+        return self._place(job, footprint, None, duration)
 
-    def place_on(self, job: str, footprint: Footprint, group: int) -> JobPlacement | None:
+    def place_on(
+        self, job: str, footprint: Footprint, group: int, duration: int | None = None
+    ) -> JobPlacement | None:
         """Fit `job`'s trace on `group` only (for enumeration and for a caller's choice)."""
-        return self._place(job, footprint, group)
+        return self._place(job, footprint, group, duration)
 
-    def _place(self, job: str, footprint: Footprint, only: int | None) -> JobPlacement | None:
+    def _place(
+        self, job: str, footprint: Footprint, only: int | None, duration: int | None
+    ) -> JobPlacement | None:
         tl, cfg = self.timeline, self.config
         if self.group_of(job) is not None:
             raise ConfigError(f"job {job!r} is placed already; release or repack it")
@@ -251,7 +272,8 @@ class PlexPlacement:
         end = tl.now + tl.horizon
         if period > tl.horizon:
             raise ConfigError(f"{job}: its period ({period} s) does not fit the horizon")
-        occ = list(footprint.occurrences(tl.now, end))
+        last = end if duration is None else min(end, tl.now + duration)
+        occ = list(footprint.occurrences(tl.now, last))
         allowed, pruned = self._prune(footprint, max_shift)
         sizes = [
             g
@@ -272,7 +294,17 @@ class PlexPlacement:
             candidates += 1
             cost = self.cost(footprint, delta)
             interference = self._interference(free, footprint, tl.now + delta)
-            rank = (round(cost, 12), interference, self._commensurate(g, period), float(g))
+            load = self._duty(g)
+            if cfg.order == GroupOrder.PACK:
+                rank = (-load, round(cost, 12), interference, float(g))
+            else:
+                rank = (
+                    round(cost, 12),
+                    interference,
+                    load,
+                    self._commensurate(g, period),
+                    float(g),
+                )
             if best is None or rank < best[0]:
                 best = (rank, g, delta, interference)
         total = len(sizes) * (max_shift + 1)
@@ -281,7 +313,8 @@ class PlexPlacement:
             return None
         _, g, delta, interference = best
         members = cfg.groups[g]
-        tl.commit(job, footprint, tl.now + delta, members)
+        until = None if duration is None else tl.now + delta + duration
+        tl.commit(job, footprint, tl.now + delta, members, until)
         self.residents[g][job] = footprint
         self.starts[job] = tl.now + delta
         return JobPlacement(

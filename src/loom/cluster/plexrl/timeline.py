@@ -260,14 +260,21 @@ class Timeline:
         return all(self.min_free(s, e) >= nodes for s, e in occurrences)
 
     # ---- booking ---------------------------------------------------------------------------
-    def commit(self, job: str, footprint: Footprint, start: int, node_ids: Sequence[int]) -> None:
-        """Reserve `footprint` from `start` on `node_ids` over the rest of the horizon; all or
-        nothing."""
+    def commit(
+        self,
+        job: str,
+        footprint: Footprint,
+        start: int,
+        node_ids: Sequence[int],
+        until: int | None = None,
+    ) -> None:
+        """Reserve `footprint` from `start` on `node_ids` over the rest of the horizon (or up to
+        `until`, when the job ends); all or nothing."""
         if job in self.bookings:
             raise ConfigError(f"job {job!r} is booked already")
         if len(set(node_ids)) != footprint.nodes:
             raise ConfigError(f"{job}: needs {footprint.nodes} distinct nodes, got {node_ids}")
-        end = self.now + self.horizon
+        end = self.now + self.horizon if until is None else min(until, self.now + self.horizon)
         occ = [(max(s, self.now), min(e, end)) for s, e in footprint.occurrences(start, end)]
         occ = [(s, e) for s, e in occ if s < e]
         for n in node_ids:

@@ -21,12 +21,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loom.core.errors import ConfigError
 from loom.perf.specs import ModelSpec, model_spec
 
-__all__ = ["TRAIN_OPS", "PlexJob", "StateCosts", "plexrl_job", "plexrl_jobs", "state_costs"]
+if TYPE_CHECKING:
+    from loom.sim.cluster.plexrl_trace import TraceJob
+
+__all__ = [
+    "TRAIN_OPS",
+    "PlexJob",
+    "StateCosts",
+    "job_trace",
+    "plexrl_job",
+    "plexrl_jobs",
+    "state_costs",
+]
 
 TRAIN_OPS = ("compute_log_prob", "update_actor", "sync_weight")
 
@@ -153,3 +164,48 @@ class StateCosts:
 
 def state_costs() -> StateCosts:
     return StateCosts(**_values(_data()["state"]))
+
+
+def job_trace(
+    seed: int,
+    *,
+    jobs: int,
+    groups: int,
+    load: float,
+    steps: tuple[int, int] = (20, 100),
+    jitter: float = 0.15,
+) -> list[TraceJob]:
+    """A synthetic trace of RL jobs for Fig. 8 (§6.3 replays three months of its cluster's jobs,
+    which are not public). Each job takes one of the three jobs' shapes (Table 2's operations,
+    rounded to seconds, as the segments of its cycle), its cycle jittered by ±`jitter`, and a
+    number of steps uniform in `steps`; one node group each. Arrivals are Poisson at the rate
+    that offers `load` times what `groups` groups hold when each job has a group to itself."""
+    from loom.cluster.plexrl.timeline import Footprint
+    from loom.sim.cluster.plexrl_trace import TraceJob
+    from loom.sim.rng import stream
+
+    if jobs < 1 or groups < 1 or not load > 0:
+        raise ConfigError("need >= 1 job, >= 1 group and load > 0")
+    rng = stream(seed, "plexrl-trace")
+    shapes = plexrl_jobs()
+    mean_duration = sum(j.cycle_s for j in shapes) / len(shapes) * (steps[0] + steps[1]) / 2
+    gap = mean_duration / (load * groups)
+    out: list[TraceJob] = []
+    t = 0.0
+    for i in range(jobs):
+        shape = shapes[int(rng.integers(0, len(shapes)))]
+        period = round(float(shape.cycle_s * rng.uniform(1 - jitter, 1 + jitter)))
+        segs, at = [], 0
+        for _, d in shape.train_ops:
+            segs.append((at, max(1, round(d))))
+            at += max(1, round(d))
+        out.append(
+            TraceJob(
+                job_id=f"job{i:04d}",
+                arrival_s=int(t),
+                footprint=Footprint(tuple(segs), period=period),
+                steps=int(rng.integers(steps[0], steps[1] + 1)),
+            )
+        )
+        t += float(rng.exponential(gap))
+    return out
