@@ -1,0 +1,401 @@
+"""A worker-process group (PlexRL §4.2): one logical deployment of a model — one real process per
+(fake or real) GPU, joined in a torch.distributed group (gloo on the CPU) — that executes the
+operations the scheduler admits, one at a time and in order.
+
+Operations: `forward` (log-probabilities of token sequences), `forward_backward` (a policy-
+gradient loss, gradients averaged over the data-parallel ranks), `optim_step` (Adam),
+`generate` (greedy), `save_ckpt` / `load_ckpt`, `sync_weights` (the weights' version and
+digest, which every replica must agree on), and the state moves the scheduler inserts on a job
+change: `offload` (to host or disk) and `load`. State moves go through a StateManager: rank 0
+keeps the one canonical copy of the replicated state (data-parallel replicas are stored once)
+and broadcasts it back to every rank on `load`; while offloaded, a deployment refuses to
+compute (`nothing runs unless its state is on the device`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import multiprocessing as mp
+import socket
+import tempfile
+import threading
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from loom.core.errors import ConfigError
+
+__all__ = ["OPS", "WorkerError", "WorkerGroup", "WorkerGroupConfig"]
+
+OPS = (
+    "forward",
+    "forward_backward",
+    "optim_step",
+    "generate",
+    "save_ckpt",
+    "load_ckpt",
+    "sync_weights",
+    "offload",
+    "load",
+)
+
+
+class WorkerError(RuntimeError):
+    """An operation failed in a worker (its message says which rank and why)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerGroupConfig:
+    name: str
+    dp: int = 2
+    vocab: int = 128
+    dim: int = 64
+    layers: int = 2
+    heads: int = 4
+    seed: int = 0
+    lr: float = 1e-3
+    device_bytes: int = 256 << 20  # the CPU device tier of each rank (a GPU's memory there)
+    host_bytes: int = 1 << 30
+    disk_bytes: int = 4 << 30
+    state_dir: Path | None = None
+    start_timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.dp < 1:
+            raise ConfigError(f"dp must be >= 1, got {self.dp}")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class WorkerGroup:
+    """The service-side handle of one WPG."""
+
+    config: WorkerGroupConfig
+    _procs: list[Any] = field(default_factory=list)
+    _conns: list[Connection] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _tmp: tempfile.TemporaryDirectory[str] | None = None
+    running: str | None = None  # the operation in flight, if any
+    ops_run: int = 0
+
+    def start(self) -> WorkerGroup:
+        cfg = self.config
+        if cfg.state_dir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix=f"loom-wpg-{cfg.name}-")
+            state_dir = Path(self._tmp.name)
+        else:
+            state_dir = Path(cfg.state_dir)
+        ctx = mp.get_context("spawn")
+        port = _free_port()
+        for rank in range(cfg.dp):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(
+                target=_worker_main,
+                args=(asdict(cfg) | {"state_dir": str(state_dir)}, rank, port, child),
+                daemon=True,
+                name=f"loom-wpg-{cfg.name}-{rank}",
+            )
+            p.start()
+            child.close()
+            self._procs.append(p)
+            self._conns.append(parent)
+        deadline = time.monotonic() + cfg.start_timeout_s
+        for rank, conn in enumerate(self._conns):
+            if not conn.poll(max(0.0, deadline - time.monotonic())):
+                self.close()
+                raise WorkerError(
+                    f"{cfg.name}: rank {rank} did not start in {cfg.start_timeout_s} s"
+                )
+            msg = conn.recv()
+            if msg.get("error"):
+                self.close()
+                raise WorkerError(f"{cfg.name}: rank {rank} failed to start: {msg['error']}")
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return bool(self._procs) and all(p.is_alive() for p in self._procs)
+
+    def run(
+        self, op: str, payload: dict[str, Any] | None = None, timeout_s: float = 600.0
+    ) -> dict[str, Any]:
+        """Run `op` on every rank and return rank 0's result; one operation at a time."""
+        if op not in OPS:
+            raise ConfigError(f"unknown operation {op!r}; known: {', '.join(OPS)}")
+        if not self._lock.acquire(blocking=False):
+            raise WorkerError(
+                f"{self.config.name}: {self.running} is running; one operation at a time"
+            )
+        try:
+            self.running = op
+            if not self.alive:
+                raise WorkerError(f"{self.config.name}: a worker process is gone")
+            for conn in self._conns:
+                conn.send((op, payload or {}))
+            replies = []
+            deadline = time.monotonic() + timeout_s
+            for rank, conn in enumerate(self._conns):
+                while not conn.poll(0.2):
+                    if not self._procs[rank].is_alive():
+                        raise WorkerError(f"{self.config.name}: rank {rank} died during {op}")
+                    if time.monotonic() > deadline:
+                        raise WorkerError(f"{self.config.name}: {op} ran past {timeout_s} s")
+                replies.append(conn.recv())
+            errors = [f"rank {r}: {m['error']}" for r, m in enumerate(replies) if m.get("error")]
+            if errors:
+                raise WorkerError(f"{self.config.name} {op}: " + "; ".join(errors))
+            if op == "sync_weights":
+                digests = {m["result"]["digest"] for m in replies}
+                if len(digests) != 1:
+                    raise WorkerError(f"{self.config.name}: replicas disagree on the weights")
+            self.ops_run += 1
+            result: dict[str, Any] = replies[0]["result"]
+            return result
+        finally:
+            self.running = None
+            self._lock.release()
+
+    def close(self) -> None:
+        for conn in self._conns:
+            with contextlib.suppress(Exception):
+                conn.send(("exit", {}))
+        for p in self._procs:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+        for conn in self._conns:
+            conn.close()
+        self._procs, self._conns = [], []
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def __enter__(self) -> WorkerGroup:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# ---- the worker process --------------------------------------------------------------------
+
+
+def _worker_main(cfg: dict[str, Any], rank: int, port: int, conn: Connection) -> None:
+    try:
+        worker = _Worker(cfg, rank, port)
+    except Exception:
+        conn.send({"error": traceback.format_exc(limit=3)})
+        return
+    conn.send({"ready": True})
+    while True:
+        try:
+            op, payload = conn.recv()
+        except EOFError:
+            break
+        if op == "exit":
+            break
+        try:
+            conn.send({"result": worker.run(op, payload)})
+        except Exception as exc:
+            conn.send({"error": f"{type(exc).__name__}: {exc}"})
+    worker.close()
+
+
+class _Worker:
+    def __init__(self, cfg: dict[str, Any], rank: int, port: int) -> None:
+        import torch
+        import torch.distributed as dist
+
+        from loom.runtime.cluster.model import TinyDecoder, TinyDecoderSpec
+        from loom.state.manager import StateManager
+
+        torch.set_num_threads(1)
+        self.torch, self.dist = torch, dist
+        self.rank, self.world = rank, cfg["dp"]
+        self.name = cfg["name"]
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=self.world
+        )
+        spec = TinyDecoderSpec(
+            vocab=cfg["vocab"],
+            dim=cfg["dim"],
+            layers=cfg["layers"],
+            heads=cfg["heads"],
+            seed=cfg["seed"],
+        )
+        self.model = TinyDecoder(spec)
+        self.optim = torch.optim.Adam(self.model.parameters(), lr=cfg["lr"])
+        self.step = 0
+        self.resident = True
+        self.sm = StateManager(
+            gpus=1,
+            device_bytes=cfg["device_bytes"],
+            host_bytes=cfg["host_bytes"],
+            disk_bytes=cfg["disk_bytes"],
+            disk_dir=Path(cfg["state_dir"]) / f"rank{rank}",
+            device="cpu",
+        )
+        self._registered: tuple[str, ...] = ()
+        self._shapes: dict[Any, tuple[int, ...]] = {}
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.dist.destroy_process_group()
+
+    # ---- dispatch ---------------------------------------------------------------------------
+    def run(self, op: str, p: dict[str, Any]) -> dict[str, Any]:
+        if op in ("offload", "load"):
+            return getattr(self, f"_{op}")(p)
+        if not self.resident:
+            raise RuntimeError(f"{self.name} is offloaded: load it before {op}")
+        return getattr(self, f"_{op}")(p)
+
+    def _rows(self, ids: list[list[int]]) -> Any:
+        mine = ids[self.rank :: self.world]
+        return self.torch.tensor(mine, dtype=self.torch.long) if mine else None
+
+    def _gather_rows(self, local: list[Any], n: int) -> list[Any]:
+        parts: list[Any] = [None] * self.world
+        self.dist.all_gather_object(parts, local)
+        out: list[Any] = [None] * n
+        for r, part in enumerate(parts):
+            for i, row in enumerate(part):
+                out[r + i * self.world] = row
+        return out
+
+    def _forward(self, p: dict[str, Any]) -> dict[str, Any]:
+        ids = p["ids"]
+        x = self._rows(ids)
+        with self.torch.no_grad():
+            local = self.model.logprobs(x).tolist() if x is not None else []
+        return {"logprobs": self._gather_rows(local, len(ids))}
+
+    def _forward_backward(self, p: dict[str, Any]) -> dict[str, Any]:
+        torch, dist = self.torch, self.dist
+        ids = p["ids"]
+        adv = p.get("advantages") or [1.0] * len(ids)
+        x = self._rows(ids)
+        loss = torch.zeros(())
+        if x is not None:
+            a = torch.tensor(adv[self.rank :: self.world])
+            loss = -(a * self.model.logprobs(x).mean(-1)).sum() / len(ids)
+            loss.backward()
+        for param in self.model.parameters():
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+            dist.all_reduce(param.grad)  # the rows' terms summed: the full batch's gradient
+        total = loss.detach().clone()
+        dist.all_reduce(total)
+        return {"loss": float(total)}
+
+    def _optim_step(self, p: dict[str, Any]) -> dict[str, Any]:
+        if "lr" in p:
+            for g in self.optim.param_groups:
+                g["lr"] = float(p["lr"])
+        self.optim.step()
+        self.optim.zero_grad(set_to_none=True)
+        self.step += 1
+        return {"step": self.step}
+
+    def _generate(self, p: dict[str, Any]) -> dict[str, Any]:
+        ids = p["ids"]
+        x = self._rows(ids)
+        local = (
+            self.model.generate(x, int(p.get("max_tokens", 8))).tolist() if x is not None else []
+        )
+        return {"tokens": self._gather_rows(local, len(ids))}
+
+    def _save_ckpt(self, p: dict[str, Any]) -> dict[str, Any]:
+        path = Path(p["path"])
+        if self.rank == 0:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.torch.save(
+                {
+                    "model": self.model.state_dict(),
+                    "optim": self.optim.state_dict(),
+                    "step": self.step,
+                },
+                path,
+            )
+        self.dist.barrier()
+        return {"path": str(path), "step": self.step, "bytes": path.stat().st_size}
+
+    def _load_ckpt(self, p: dict[str, Any]) -> dict[str, Any]:
+        state = self.torch.load(Path(p["path"]), weights_only=False)
+        self.model.load_state_dict(state["model"])
+        self.optim.load_state_dict(state["optim"])
+        self.step = int(state["step"])
+        return {"step": self.step}
+
+    def _sync_weights(self, p: dict[str, Any]) -> dict[str, Any]:
+        h = hashlib.sha256()
+        for name, t in sorted(self.model.state_dict().items()):
+            h.update(name.encode())
+            h.update(t.detach().contiguous().view(-1).view(self.torch.uint8).numpy().tobytes())
+        return {"version": self.step, "digest": h.hexdigest()}
+
+    # ---- state moves ------------------------------------------------------------------------
+    def _state(self) -> dict[Any, Any]:
+        from loom.runtime.cluster.model import state_items
+        from loom.state.manager import StateKey
+
+        out = {}
+        for full, t in state_items(self.model, self.optim).items():
+            kind, name = full.split("/", 1)
+            out[StateKey(self.name, kind, name)] = t
+        return out
+
+    def _offload(self, p: dict[str, Any]) -> dict[str, Any]:
+        from loom.state.tiers import Tier
+
+        if not self.resident:
+            return {"bytes": 0}
+        torch = self.torch
+        state = self._state()
+        written = 0
+        if self.rank == 0:  # the one canonical copy of replicated state
+            keys = tuple(sorted(str(k) for k in state))
+            if self._registered and self._registered != keys:
+                self.sm.drop(self.name)
+                self._registered = ()
+            if not self._registered:
+                self.sm.register(self.name, 0, 0, state)
+                self._registered = keys
+            elif not self.sm._deps[self.name].loaded:
+                raise RuntimeError("state manager and worker disagree on residency")
+            written = self.sm.offload(self.name, Tier(p.get("tier", "host")))
+        self._shapes = {k: tuple(t.shape) for k, t in state.items()}
+        for t in state.values():  # free the deployment's memory on every rank
+            t.data = torch.empty(0, dtype=t.dtype)
+        self.resident = False
+        self.dist.barrier()
+        return {"bytes": written}
+
+    def _load(self, p: dict[str, Any]) -> dict[str, Any]:
+        if self.resident:
+            return {"bytes": 0}
+        torch = self.torch
+        read = 0
+        if self.rank == 0:
+            read = self.sm.load(self.name)
+            held = self.sm.tensors(self.name, 0)
+        live = self._state()
+        for key in sorted(live, key=str):
+            t = live[key]
+            if self.rank == 0:
+                t.data = held[key]
+            else:
+                t.data = torch.empty(self._shapes[key], dtype=t.dtype)
+            self.dist.broadcast(t.data, src=0)
+        self.resident = True
+        return {"bytes": read}
