@@ -295,6 +295,7 @@ class PlexPlacement:
             cost = self.cost(footprint, delta)
             interference = self._interference(free, footprint, tl.now + delta)
             load = self._duty(g)
+            rank: tuple[float, ...]
             if cfg.order == GroupOrder.PACK:
                 rank = (-load, round(cost, 12), interference, float(g))
             else:

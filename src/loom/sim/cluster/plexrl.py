@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from loom.cluster.plexrl.group import GroupScheduler
 from loom.cluster.plexrl.hrrs import Op, OpPolicy, PlannedOp, SetupCost
 from loom.core.errors import ConfigError
 from loom.sim.engine import Engine
@@ -93,13 +94,10 @@ class NodeGroupSimulator:
         if len({j.job_id for j in jobs}) != len(jobs):
             raise ConfigError("job ids must be unique")
         self.jobs = {j.job_id: _JobState(j) for j in jobs}
-        self.policy = policy
-        self.setup = setup
+        self.group = GroupScheduler(policy, setup)
         self.eng = Engine()
-        self.queue: list[Op] = []
         self._meta: dict[int, tuple[str, int, int]] = {}  # op id -> (job, step, op index)
         self._next_op = 0
-        self.resident: str | None = None
         self.running: PlannedOp | None = None
         self.records: list[OpRecord] = []
         self.step_end: dict[str, list[float]] = {j.job_id: [] for j in jobs}
@@ -148,37 +146,23 @@ class NodeGroupSimulator:
         self._meta[op.op_id] = (job_id, step, i)
         self._next_op += 1
         st.in_flight = True
-        self.queue.append(op)
+        self.group.submit(op)
         self._dispatch()
 
     # ---- the node group -------------------------------------------------------------------
     def _dispatch(self) -> None:
-        if self.running is not None or not self.queue:
+        d = self.group.next(self.eng.now)
+        if d is None:
             return
-        plan = self.policy.plan(
-            self.queue,
-            now=self.eng.now,
-            resident=self.resident,
-            busy_until=self.eng.now,
-            setup=self.setup,
-        )
-        nxt = plan.next
-        assert nxt is not None
-        if nxt.start_s - nxt.setup_s > self.eng.now + 1e-9:
-            # the plan waits for a later arrival: nothing is queued that can run now
-            self.eng.schedule(nxt.start_s - nxt.setup_s, self._dispatch)
-            return
-        self.queue.remove(nxt.op)
-        setup = self.setup(nxt.op.job, self.resident) if nxt.op.job != self.resident else 0.0
-        start = self.eng.now + setup
-        self.running = PlannedOp(nxt.op, start, start + nxt.op.exec_s, setup)
-        self.resident = nxt.op.job
-        self.eng.schedule(start + nxt.op.exec_s, self._op_done)
+        start = self.eng.now + d.setup_s
+        self.running = PlannedOp(d.op, start, start + d.op.exec_s, d.setup_s)
+        self.eng.schedule(start + d.op.exec_s, self._op_done)
 
     def _op_done(self) -> None:
         done = self.running
         assert done is not None, "one operation at a time"
         self.running = None
+        self.group.done(done.op.op_id)
         job_id, step, i = self._meta.pop(done.op.op_id)
         st = self.jobs[job_id]
         name, _ = st.job.train_ops[i]
