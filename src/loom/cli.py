@@ -256,6 +256,42 @@ def serve_relay(
     serve(settings, on_bound=announce)
 
 
+@serve_app.command("cluster")
+def serve_cluster(
+    host: Annotated[str, typer.Option("--host", help="address to bind")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="port to bind; 0 picks a free one")] = 8900,
+    groups: Annotated[
+        int, typer.Option("--groups", help="node groups (a deployment runs on one)")
+    ] = 1,
+    policy: Annotated[
+        str, typer.Option("--policy", help="operation policy: hrrs, hrrs_alg1, hrrn, fcfs")
+    ] = "hrrs",
+    state_dir: Annotated[
+        Path | None, typer.Option("--state-dir", help="where offloaded state spills to disk")
+    ] = None,
+) -> None:
+    """PlexRL's Scheduler and Router: RL jobs create deployments (worker-process groups on
+    node groups) and send them operations; the service runs them one at a time per node
+    group under its operation policy, switching state between jobs (needs the torch extra)."""
+    from pydantic import ValidationError
+
+    from loom.runtime.cluster.app import ClusterConfig, serve
+
+    try:
+        settings = ClusterConfig.model_validate(
+            {"host": host, "port": port, "groups": groups, "policy": policy, "state_dir": state_dir}
+        )
+    except ValidationError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+    def announce(url: str) -> None:
+        typer.echo(
+            f"loom cluster on {url} — {settings.groups} node group(s), policy {settings.policy}"
+        )
+
+    serve(settings, on_bound=announce)
+
+
 @serve_app.command("rollout")
 def serve_rollout(
     engine: Annotated[

@@ -1,6 +1,7 @@
 """Clients of Loom's runtime services."""
 
 from loom.client.actions import ActionClient, ActionError, AsyncActionClient
+from loom.client.cluster import ClusterClient, ClusterError, phase_of
 from loom.client.relay import RelayClient
 from loom.client.rollout import RolloutClient, TrajectoryHandle
 
@@ -8,7 +9,10 @@ __all__ = [
     "ActionClient",
     "ActionError",
     "AsyncActionClient",
+    "ClusterClient",
+    "ClusterError",
     "RelayClient",
     "RolloutClient",
     "TrajectoryHandle",
+    "phase_of",
 ]

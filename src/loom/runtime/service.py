@@ -7,7 +7,10 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import socket
+import threading
+import time
 from collections.abc import Callable
+from types import TracebackType
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -17,8 +20,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = [
     "GRACEFUL_S",
+    "BackgroundApp",
     "BearerToken",
     "BodyLimit",
+    "DriverServer",
     "bind",
     "is_loopback",
     "malformed_request",
@@ -161,3 +166,70 @@ def run_app(
         on_bound(f"http://{host}:{port}")
     with sock:
         server(uvicorn_config(app, host, port, log_level)).run(sockets=[sock])
+
+
+class DriverServer(uvicorn.Server):
+    """uvicorn, but on shutdown the app's driver (`app.state.driver`) closes first, so that
+    queued work is cancelled and open long-polls answer before uvicorn waits for open
+    requests (it would otherwise wait out their `wait_s`)."""
+
+    def __init__(self, config: uvicorn.Config, app: FastAPI) -> None:
+        super().__init__(config)
+        self._app = app
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        driver = getattr(self._app.state, "driver", None)
+        if driver is not None:
+            await driver.close()
+        await super().shutdown(sockets)
+
+
+class BackgroundApp:
+    """A FastAPI service in a daemon thread on a socket bound first (`port` 0: a free one);
+    a context manager. `app.state.driver` stays readable after `stop`."""
+
+    def __init__(
+        self, app: FastAPI, host: str, port: int, *, name: str, log_level: str = "warning"
+    ) -> None:
+        self.app = app
+        self.name = name
+        self._sock, bound_host, bound_port = bind(host, port)
+        self.url = f"http://{bound_host}:{bound_port}"
+        config = uvicorn_config(self.app, bound_host, bound_port, log_level)
+        self._server = DriverServer(config, self.app)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._error: BaseException | None = None
+
+    def _run(self) -> None:
+        try:
+            self._server.run(sockets=[self._sock])
+        except BaseException as exc:  # surfaced by start()/stop()
+            self._error = exc
+
+    def start(self, timeout_s: float = 30.0) -> BackgroundApp:
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"the {self.name} did not start: {self._error!r}")
+            time.sleep(0.01)
+        return self
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        self._server.should_exit = True
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+        self._sock.close()
+        assert not self._thread.is_alive(), f"the {self.name} did not stop"
+
+    def __enter__(self) -> BackgroundApp:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

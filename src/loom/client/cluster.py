@@ -1,0 +1,168 @@
+"""Client of `loom serve cluster` (PlexRL's remote execution API, §4.2): an RL job creates its
+deployments and sends them operations; the service decides when each runs.
+
+    async with ClusterClient(url) as cluster:
+        job = await cluster.job("grpo-7b")
+        actor = await job.deployment("actor", dp=2)
+        async with job.phase("train"):              # the operations of one training phase
+            await actor.call("forward_backward", ids=batch, advantages=adv)
+            await actor.call("optim_step")
+        await job.delete()
+
+`call` submits an operation and waits for its result (`submit` + `result` do it in two steps).
+`phase(name)` marks where a verl/ROLL-style loop hands a phase to the scheduler: it times the
+phase and records the operations it sent, so the job's trace (what PlexRL's placement fits) is
+known to the caller; `@phase_of(job, "train")` decorates a coroutine the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, ParamSpec, TypeVar
+
+from loom.client._http import AsyncHttpClient, ServiceError, checked, fastapi_detail
+
+__all__ = [
+    "ClusterClient",
+    "ClusterError",
+    "DeploymentHandle",
+    "JobHandle",
+    "PhaseRecord",
+    "phase_of",
+]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class ClusterError(ServiceError):
+    """The cluster service refused a request, or an operation failed (its message says why)."""
+
+
+def _check(resp: Any) -> Any:
+    return checked(resp, ClusterError, fastapi_detail)
+
+
+@dataclass
+class PhaseRecord:
+    name: str
+    start_s: float
+    end_s: float = 0.0
+    ops: list[int] = field(default_factory=list)
+
+
+class ClusterClient(AsyncHttpClient):
+    def __init__(
+        self, base_url: str, *, token: str | None = None, timeout_s: float = 600.0
+    ) -> None:
+        super().__init__(base_url, token=token, timeout_s=timeout_s)
+
+    async def job(self, job_id: str) -> JobHandle:
+        return JobHandle(self, job_id)
+
+    async def stats(self) -> dict[str, Any]:
+        return dict(_check(await self.http.get("/v1/stats")))
+
+    async def op(self, op_id: int, wait_s: float = 0.0) -> dict[str, Any]:
+        return dict(_check(await self.http.get(f"/v1/ops/{op_id}", params={"wait_s": wait_s})))
+
+
+@dataclass
+class JobHandle:
+    client: ClusterClient
+    job_id: str
+    phases: list[PhaseRecord] = field(default_factory=list)
+    _current: PhaseRecord | None = None
+
+    async def deployment(
+        self,
+        role: str = "actor",
+        *,
+        dp: int = 1,
+        model: str = "tiny",
+        group: int | None = None,
+        seed: int = 0,
+    ) -> DeploymentHandle:
+        body = {
+            "job_id": self.job_id,
+            "role": role,
+            "model": model,
+            "layout": {"dp": dp},
+            "seed": seed,
+            **({"group": group} if group is not None else {}),
+        }
+        made = _check(await self.client.http.post("/v1/deployments", json=body))
+        return DeploymentHandle(self, made["id"], int(made["group"]))
+
+    @contextlib.asynccontextmanager
+    async def phase(self, name: str) -> AsyncIterator[PhaseRecord]:
+        """One phase of the job's step (rollout, train, sync...): timed, its operations noted."""
+        rec = PhaseRecord(name, time.monotonic())
+        outer, self._current = self._current, rec
+        try:
+            yield rec
+        finally:
+            rec.end_s = time.monotonic()
+            self.phases.append(rec)
+            self._current = outer
+
+    async def delete(self) -> list[str]:
+        return list(_check(await self.client.http.delete(f"/v1/jobs/{self.job_id}"))["deployments"])
+
+
+@dataclass
+class DeploymentHandle:
+    job: JobHandle
+    id: str
+    group: int
+
+    async def submit(self, op: str, **payload: Any) -> int:
+        body = {"op": op, "payload": payload}
+        op_id = int(
+            _check(await self.job.client.http.post(f"/v1/deployments/{self.id}/ops", json=body))[
+                "op_id"
+            ]
+        )
+        if self.job._current is not None:
+            self.job._current.ops.append(op_id)
+        return op_id
+
+    async def result(self, op_id: int, timeout_s: float = 600.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            view = await self.job.client.op(op_id, wait_s=max(0.0, min(30.0, left)))
+            if view["status"] == "succeeded":
+                return dict(view["result"])
+            if view["status"] in ("failed", "cancelled"):
+                raise ClusterError(
+                    409 if view["status"] == "cancelled" else 500,
+                    f"{view['op']} {view['status']}: {view['error']}",
+                )
+            if left <= 0:
+                raise ClusterError(
+                    504, f"operation {op_id} still {view['status']} after {timeout_s} s"
+                )
+
+    async def call(self, op: str, **payload: Any) -> dict[str, Any]:
+        return await self.result(await self.submit(op, **payload))
+
+
+def phase_of(
+    job: JobHandle, name: str
+) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]:
+    """Decorate a coroutine as one phase of `job` (`@phase_of(job, "train")`)."""
+
+    def wrap(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+        @functools.wraps(fn)
+        async def run(*args: P.args, **kwargs: P.kwargs) -> R:
+            async with job.phase(name):
+                return await fn(*args, **kwargs)
+
+        return run
+
+    return wrap

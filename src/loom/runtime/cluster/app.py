@@ -1,0 +1,193 @@
+"""`loom serve cluster`: PlexRL's Scheduler and Router as one service (§4.1, §5.1). RL jobs
+create deployments (a worker-process group each, on a node group) and send their operations;
+the service admits them per node group under its operation policy and forwards them.
+
+Routes: `POST /v1/deployments`, `POST /v1/deployments/{id}/ops` (202 with an op id),
+`GET /v1/ops/{id}?wait_s=`, `DELETE /v1/jobs/{id}`, `GET /v1/stats`, `GET /metrics`,
+`GET /healthz`.
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import FastAPI, HTTPException, Query
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from pydantic import BaseModel, ConfigDict, Field
+
+from loom.cluster.plexrl.hrrs import OpPolicyKind
+from loom.core.errors import ConfigError
+from loom.runtime.cluster.driver import USER_OPS, ClusterDriver, Conflict, NotFound
+from loom.runtime.service import BackgroundApp, BodyLimit, DriverServer, malformed_request, run_app
+
+__all__ = ["BackgroundCluster", "ClusterConfig", "create_app", "serve"]
+
+Name = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+
+
+class ClusterConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    host: str = "127.0.0.1"
+    port: int = Field(default=8900, ge=0, le=65535)
+    groups: int = Field(default=1, ge=1, le=1024, description="node groups (a WPG runs on one)")
+    policy: OpPolicyKind = OpPolicyKind.HRRS
+    state_dir: Path | None = None
+    max_body_bytes: int = Field(default=64 << 20, ge=1024)
+
+
+class _Layout(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    dp: int = Field(default=1, ge=1, le=64)
+
+
+class _Deployment(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    job_id: Name
+    model: str = Field(default="tiny", min_length=1, max_length=128)
+    role: Name = "actor"
+    layout: _Layout = Field(default_factory=_Layout)
+    group: int | None = Field(default=None, ge=0)
+    seed: int = 0
+
+
+class _Op(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    op: str
+    payload: dict[str, Any] = Field(default_factory=dict)
+
+
+def create_app(config: ClusterConfig, driver: ClusterDriver | None = None) -> FastAPI:
+    registry = CollectorRegistry()
+    ops_seen = Gauge(
+        "loom_cluster_ops",
+        "operations accepted, by kind and status",
+        ["op", "status"],
+        registry=registry,
+    )
+    queued = Gauge(
+        "loom_cluster_queued", "operations queued per node group", ["group"], registry=registry
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):  # type: ignore[no-untyped-def]
+        app.state.driver = driver or ClusterDriver(
+            groups=config.groups, policy=config.policy, state_dir=config.state_dir
+        )
+        yield
+        await app.state.driver.close()
+
+    app = FastAPI(title="loom cluster", lifespan=lifespan)
+    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
+    app.add_exception_handler(RequestValidationError, malformed_request)
+
+    def drv() -> ClusterDriver:
+        d: ClusterDriver = app.state.driver
+        return d
+
+    def _fail(exc: Exception) -> HTTPException:
+        if isinstance(exc, NotFound):
+            return HTTPException(404, str(exc))
+        if isinstance(exc, Conflict):
+            return HTTPException(409, str(exc))
+        return HTTPException(400, str(exc))
+
+    @app.post("/v1/deployments", status_code=201)
+    async def create_deployment(body: _Deployment) -> dict[str, Any]:
+        try:
+            dep = await drv().create(
+                job_id=body.job_id,
+                model=body.model,
+                role=body.role,
+                dp=body.layout.dp,
+                group=body.group,
+                seed=body.seed,
+            )
+        except (ConfigError, Conflict) as exc:
+            raise _fail(exc) from None
+        return {"id": dep.id, "job_id": dep.job, "group": dep.group, "dp": dep.wpg.config.dp}
+
+    @app.post("/v1/deployments/{dep_id}/ops", status_code=202)
+    async def submit(dep_id: str, body: _Op) -> dict[str, Any]:
+        if body.op not in USER_OPS:
+            raise HTTPException(400, f"unknown operation {body.op!r}; known: {', '.join(USER_OPS)}")
+        try:
+            rec = drv().submit(dep_id, body.op, body.payload)
+        except (NotFound, Conflict, ConfigError) as exc:
+            raise _fail(exc) from None
+        return {"op_id": rec.op_id, "status": rec.status.value}
+
+    @app.get("/v1/ops/{op_id}")
+    async def get_op(
+        op_id: int, wait_s: Annotated[float, Query(ge=0, le=600)] = 0.0
+    ) -> dict[str, Any]:
+        try:
+            rec = await drv().wait(op_id, wait_s)
+        except NotFound as exc:
+            raise _fail(exc) from None
+        return rec.view()
+
+    @app.delete("/v1/jobs/{job_id}")
+    async def delete_job(job_id: str) -> dict[str, Any]:
+        try:
+            gone = await drv().delete_job(job_id)
+        except NotFound as exc:
+            raise _fail(exc) from None
+        return {"job_id": job_id, "deployments": gone}
+
+    @app.get("/v1/stats")
+    async def stats() -> dict[str, Any]:
+        return drv().stats()
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        for g, s in enumerate(drv().groups):
+            queued.labels(str(g)).set(len(s.queue))
+        counts: dict[tuple[str, str], int] = {}
+        for r in drv().ops.values():
+            counts[(r.kind, r.status.value)] = counts.get((r.kind, r.status.value), 0) + 1
+        for (kind, status), n in counts.items():
+            ops_seen.labels(kind, status).set(n)
+        return PlainTextResponse(generate_latest(registry).decode())
+
+    @app.get("/healthz")
+    async def healthz() -> JSONResponse:
+        return JSONResponse({"ok": True})
+
+    return app
+
+
+class BackgroundCluster(BackgroundApp):
+    """`loom serve cluster` in a daemon thread on a free port; a context manager."""
+
+    def __init__(self, config: ClusterConfig, *, log_level: str = "warning") -> None:
+        super().__init__(
+            create_app(config),
+            config.host,
+            config.port,
+            name="cluster service",
+            log_level=log_level,
+        )
+
+    def start(self, timeout_s: float = 30.0) -> BackgroundCluster:
+        super().start(timeout_s)
+        return self
+
+    def __enter__(self) -> BackgroundCluster:
+        return self.start()
+
+
+def serve(config: ClusterConfig, log_level: str = "info", on_bound: Any = None) -> None:
+    """Serve until interrupted; queued operations are cancelled and WPGs stop on the way out."""
+    app = create_app(config)
+    run_app(
+        app,
+        config.host,
+        config.port,
+        log_level=log_level,
+        on_bound=on_bound,
+        server=lambda cfg: DriverServer(cfg, app),
+    )

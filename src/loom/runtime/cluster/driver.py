@@ -1,0 +1,336 @@
+"""The cluster service's driver (PlexRL §4.1, §5.1–5.2): deployments on node groups, each one a
+worker-process group; jobs' operations admitted by one `GroupScheduler` per node group under an
+operation policy (HRRS by default) and forwarded to the deployment's WPG when admitted, one at
+a time per group. On a job change the driver first offloads the resident deployment's state
+and loads the next one's (§5.2.2), as operations of their own in the records.
+
+One asyncio loop owns the policy objects; a WPG call blocks, so it runs in a thread. Every
+accepted operation reaches a terminal state: succeeded, failed (its error says why), or
+cancelled when its job is deleted or the service stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from loom.cluster.plexrl.group import GroupScheduler
+from loom.cluster.plexrl.hrrs import OP_POLICIES, Op, OpPolicyKind
+from loom.core.errors import ConfigError
+from loom.runtime.cluster.wpg import OPS, WorkerError, WorkerGroup, WorkerGroupConfig
+
+__all__ = ["ClusterDriver", "Conflict", "NotFound", "OpStatus"]
+
+log = logging.getLogger("loom.cluster")
+
+USER_OPS = tuple(o for o in OPS if o not in ("offload", "load"))
+EWMA = 0.5  # weight of the newest measurement in a duration estimate
+
+
+class NotFound(KeyError):
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class Conflict(Exception):
+    pass
+
+
+class OpStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (OpStatus.SUCCEEDED, OpStatus.FAILED, OpStatus.CANCELLED)
+
+
+@dataclass
+class OpRecord:
+    op_id: int
+    deployment: str
+    job: str
+    kind: str
+    payload: dict[str, Any]
+    submitted_s: float
+    status: OpStatus = OpStatus.QUEUED
+    started_s: float | None = None
+    ended_s: float | None = None
+    setup_s: float = 0.0  # the switch paid before it
+    result: dict[str, Any] | None = None
+    error: str | None = None
+    system: bool = False  # an offload or load the scheduler inserted
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def view(self) -> dict[str, Any]:
+        return {
+            "op_id": self.op_id,
+            "deployment": self.deployment,
+            "job": self.job,
+            "op": self.kind,
+            "status": self.status.value,
+            "submitted_s": self.submitted_s,
+            "started_s": self.started_s,
+            "ended_s": self.ended_s,
+            "setup_s": self.setup_s,
+            "result": self.result,
+            "error": self.error,
+            "system": self.system,
+        }
+
+
+@dataclass
+class Deployment:
+    id: str
+    job: str
+    model: str
+    role: str
+    group: int
+    wpg: WorkerGroup
+    seq: int = 0  # operations submitted (their order within the deployment)
+
+
+class ClusterDriver:
+    def __init__(
+        self,
+        *,
+        groups: int = 1,
+        policy: OpPolicyKind | str = OpPolicyKind.HRRS,
+        state_dir: Path | None = None,
+        default_exec_s: float = 1.0,
+        default_switch_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if groups < 1:
+            raise ConfigError(f"groups must be >= 1, got {groups}")
+        self.policy = OpPolicyKind(policy)
+        self.state_dir = state_dir
+        self.clock = clock
+        self._t0 = clock()
+        self.deployments: dict[str, Deployment] = {}
+        self.ops: dict[int, OpRecord] = {}
+        self._ids = itertools.count()
+        self._exec: dict[tuple[str, str], float] = {}  # (deployment, op) -> seconds
+        self._switch: dict[str, float] = {}  # deployment -> offload + load seconds
+        self.default_exec_s = default_exec_s
+        self.default_switch_s = default_switch_s
+        self.groups = [
+            GroupScheduler(OP_POLICIES.get(self.policy)(), self._setup_estimate)
+            for _ in range(groups)
+        ]
+        self._busy = [False] * groups
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._closing = False
+        self.counts = {"ops": 0, "switches": 0, "failed": 0}
+
+    def now(self) -> float:
+        return self.clock() - self._t0
+
+    # ---- deployments ------------------------------------------------------------------------
+    async def create(
+        self, *, job_id: str, model: str, role: str, dp: int, group: int | None, seed: int = 0
+    ) -> Deployment:
+        if self._closing:
+            raise Conflict("the service is shutting down")
+        dep_id = f"{job_id}:{role}"
+        if dep_id in self.deployments:
+            raise Conflict(f"deployment {dep_id} exists already")
+        if group is None:
+            loads = [
+                sum(1 for d in self.deployments.values() if d.group == g)
+                for g in range(len(self.groups))
+            ]
+            group = loads.index(min(loads))  # a group of its own if one is free, else the emptiest
+        if not 0 <= group < len(self.groups):
+            raise ConfigError(f"no node group {group} (this service has {len(self.groups)})")
+        cfg = WorkerGroupConfig(
+            name=dep_id.replace(":", "-"),
+            dp=dp,
+            seed=seed,
+            state_dir=None if self.state_dir is None else self.state_dir / dep_id.replace(":", "-"),
+        )
+        wpg = WorkerGroup(cfg)
+        await asyncio.get_running_loop().run_in_executor(None, wpg.start)
+        dep = Deployment(dep_id, job_id, model, role, group, wpg)
+        self.deployments[dep_id] = dep
+        # a new deployment starts resident; if its group holds another or is busy, it waits
+        # offloaded for its turn (one job's state on the group's devices at a time)
+        sched = self.groups[group]
+        if sched.resident is None and not self._busy[group]:
+            sched.resident = dep_id
+        else:
+            await self._move(dep, "offload", group)
+        log.info("deployment %s (dp %d) on node group %d", dep_id, dp, group)
+        return dep
+
+    async def _move(self, dep: Deployment, kind: str, group: int) -> None:
+        payload = {"tier": "host"} if kind == "offload" else {}
+        rec = OpRecord(next(self._ids), dep.id, dep.job, kind, payload, self.now(), system=True)
+        self.ops[rec.op_id] = rec
+        await self._execute(dep, rec)
+        if kind == "offload" and self.groups[group].resident == dep.id:
+            self.groups[group].resident = None
+
+    async def delete_job(self, job_id: str) -> list[str]:
+        gone = [d for d in self.deployments.values() if d.job == job_id]
+        if not gone:
+            raise NotFound(f"no deployment of job {job_id!r}")
+        for dep in gone:
+            sched = self.groups[dep.group]
+            for op in sched.withdraw(dep.id):
+                self._end(self.ops[op.op_id], OpStatus.CANCELLED, error=f"job {job_id} was deleted")
+            while sched.running is not None and sched.running.job == dep.id:
+                await asyncio.sleep(0.01)  # its running operation finishes first
+            if sched.resident == dep.id:
+                sched.resident = None
+            await asyncio.get_running_loop().run_in_executor(None, dep.wpg.close)
+            del self.deployments[dep.id]
+        return [d.id for d in gone]
+
+    # ---- operations -------------------------------------------------------------------------
+    def submit(self, dep_id: str, kind: str, payload: dict[str, Any]) -> OpRecord:
+        if self._closing:
+            raise Conflict("the service is shutting down")
+        dep = self.deployments.get(dep_id)
+        if dep is None:
+            raise NotFound(f"no deployment {dep_id!r}")
+        if kind not in USER_OPS:
+            raise ConfigError(f"unknown operation {kind!r}; known: {', '.join(USER_OPS)}")
+        rec = OpRecord(next(self._ids), dep_id, dep.job, kind, payload, self.now())
+        self.ops[rec.op_id] = rec
+        exec_s = self._exec.get((dep_id, kind), self.default_exec_s)
+        self.groups[dep.group].submit(Op(rec.op_id, dep_id, rec.submitted_s, exec_s, dep.seq))
+        dep.seq += 1
+        self.counts["ops"] += 1
+        self._pump(dep.group)
+        return rec
+
+    def _pump(self, group: int) -> None:
+        if self._busy[group] or self._closing:
+            return
+        d = self.groups[group].next(self.now())
+        if d is None:
+            return
+        self._busy[group] = True
+        task = asyncio.get_running_loop().create_task(self._run(group, d))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, group: int, d: Any) -> None:
+        rec = self.ops[d.op.op_id]
+        dep = self.deployments.get(rec.deployment)
+        try:
+            if dep is None:
+                self._end(rec, OpStatus.CANCELLED, error="its deployment is gone")
+                return
+            if d.offload is not None or d.load is not None:
+                t0 = time.monotonic()
+                if d.offload is not None and d.offload in self.deployments:
+                    await self._move(self.deployments[d.offload], "offload", group)
+                await self._move(dep, "load", group)
+                self.groups[group].resident = dep.id
+                self._learn_switch(dep.id, time.monotonic() - t0)
+                rec.setup_s = time.monotonic() - t0
+                self.counts["switches"] += 1
+            await self._execute(dep, rec)
+        finally:
+            self.groups[group].done(d.op.op_id)
+            self._busy[group] = False
+            self._pump(group)
+
+    async def _execute(self, dep: Deployment, rec: OpRecord) -> None:
+        rec.status = OpStatus.RUNNING
+        rec.started_s = self.now()
+        t0 = time.monotonic()
+        loop = asyncio.get_running_loop()
+        try:
+            result = await loop.run_in_executor(None, dep.wpg.run, rec.kind, rec.payload)
+        except (WorkerError, ConfigError) as exc:
+            self.counts["failed"] += 1
+            self._end(rec, OpStatus.FAILED, error=str(exc))
+            return
+        took = time.monotonic() - t0
+        key = (dep.id, rec.kind)
+        old = self._exec.get(key)
+        self._exec[key] = took if old is None else EWMA * took + (1 - EWMA) * old
+        rec.result = result
+        self._end(rec, OpStatus.SUCCEEDED)
+
+    def _end(self, rec: OpRecord, status: OpStatus, error: str | None = None) -> None:
+        if rec.status.terminal:
+            return
+        rec.status, rec.error, rec.ended_s = status, error, self.now()
+        rec.done.set()
+
+    def _learn_switch(self, dep_id: str, took: float) -> None:
+        old = self._switch.get(dep_id)
+        self._switch[dep_id] = took if old is None else EWMA * took + (1 - EWMA) * old
+
+    def _setup_estimate(self, job: str, resident: str | None) -> float:
+        return self._switch.get(job, self.default_switch_s)
+
+    async def wait(self, op_id: int, wait_s: float) -> OpRecord:
+        rec = self.ops.get(op_id)
+        if rec is None:
+            raise NotFound(f"no operation {op_id}")
+        if not rec.status.terminal and wait_s > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(rec.done.wait(), wait_s)
+        return rec
+
+    # ---- views and lifecycle ---------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        by_status: dict[str, int] = {}
+        for r in self.ops.values():
+            by_status[r.status.value] = by_status.get(r.status.value, 0) + 1
+        return {
+            "policy": self.policy.value,
+            "groups": [
+                {
+                    "group": g,
+                    "resident": s.resident,
+                    "running": None if s.running is None else s.running.op_id,
+                    "queued": len(s.queue),
+                    "deployments": sorted(d.id for d in self.deployments.values() if d.group == g),
+                }
+                for g, s in enumerate(self.groups)
+            ],
+            "deployments": {
+                d.id: {
+                    "job": d.job,
+                    "model": d.model,
+                    "role": d.role,
+                    "group": d.group,
+                    "dp": d.wpg.config.dp,
+                    "ops_run": d.wpg.ops_run,
+                }
+                for d in self.deployments.values()
+            },
+            "ops": by_status,
+            "counts": dict(self.counts),
+        }
+
+    async def close(self) -> None:
+        """Stop: queued operations are cancelled, running ones finish, WPGs stop."""
+        self._closing = True
+        for s in self.groups:
+            for dep_id in {o.job for o in s.queue}:
+                for op in s.withdraw(dep_id):
+                    self._end(self.ops[op.op_id], OpStatus.CANCELLED, error="the service stopped")
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        loop = asyncio.get_running_loop()
+        for dep in list(self.deployments.values()):
+            await loop.run_in_executor(None, dep.wpg.close)
+        self.deployments.clear()

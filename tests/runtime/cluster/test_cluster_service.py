@@ -1,0 +1,155 @@
+"""`loom serve cluster` over real HTTP with real worker-process groups: two tiny jobs sharing
+one node group (switches inserted, one operation at a time, results equal to running alone),
+bad input refused with a reason, a deleted job's queued operations cancelled, and every
+accepted operation terminal when the service stops."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytest.importorskip("torch")
+
+import itertools
+
+from loom.client import ClusterClient, ClusterError, phase_of
+from loom.runtime.cluster.app import BackgroundCluster, ClusterConfig
+from loom.runtime.cluster.wpg import WorkerGroup, WorkerGroupConfig
+
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
+
+BATCH = [[1, 5, 9, 3, 7, 2], [4, 4, 8, 1, 0, 6], [2, 3, 5, 7, 11, 13], [9, 8, 7, 6, 5, 4]]
+
+
+def batch(seed: int, step: int) -> list[list[int]]:
+    return [[(x * (seed + step + 1)) % 128 for x in row] for row in BATCH]
+
+
+async def job_loop(url: str, name: str, seed: int, steps: int) -> tuple[str, list[str]]:
+    async with ClusterClient(url) as cluster:
+        job = await cluster.job(name)
+        actor = await job.deployment("actor", dp=2, seed=seed, group=0)
+
+        @phase_of(job, "train")
+        async def train(step: int) -> None:
+            await actor.call(
+                "forward_backward", ids=batch(seed, step), advantages=[1.0, -0.5, 0.25, 1.0]
+            )
+            await actor.call("optim_step")
+
+        for s in range(steps):
+            async with job.phase("rollout"):
+                await actor.call("generate", ids=BATCH[:2], max_tokens=4)
+            await train(s)
+        digest = (await actor.call("sync_weights"))["digest"]
+        return digest, [p.name for p in job.phases]
+
+
+@pytest.fixture
+def service(tmp_path: Path):  # type: ignore[no-untyped-def]
+    with BackgroundCluster(ClusterConfig(port=0, groups=1, state_dir=tmp_path)) as svc:
+        yield svc
+
+
+def test_two_jobs_share_a_node_group_one_operation_at_a_time(service, tmp_path: Path) -> None:
+    steps = 2
+
+    async def both() -> list[tuple[str, list[str]]]:
+        return await asyncio.gather(
+            job_loop(service.url, "job-a", 1, steps), job_loop(service.url, "job-b", 2, steps)
+        )
+
+    (dig_a, phases_a), (dig_b, _) = asyncio.run(both())
+    assert phases_a == ["rollout", "train"] * steps
+    driver = service.app.state.driver
+    stats = httpx.get(service.url + "/v1/stats").json()
+    assert stats["counts"]["switches"] >= 1 and stats["counts"]["failed"] == 0
+    ran = sorted(
+        (r for r in driver.ops.values() if r.started_s is not None), key=lambda r: r.started_s
+    )
+    assert all(r.status.terminal for r in driver.ops.values())
+    for a, b in itertools.pairwise(ran):
+        assert b.started_s >= a.ended_s - 1e-6, f"{a.kind} and {b.kind} overlapped on the group"
+    # each job's result is what it would have been alone, switches and all
+    for name, seed, got in (("alone-a", 1, dig_a), ("alone-b", 2, dig_b)):
+        with WorkerGroup(
+            WorkerGroupConfig(name=name, dp=2, seed=seed, state_dir=tmp_path / name)
+        ) as g:
+            for s in range(steps):
+                g.run("generate", {"ids": BATCH[:2], "max_tokens": 4})
+                g.run(
+                    "forward_backward",
+                    {"ids": batch(seed, s), "advantages": [1.0, -0.5, 0.25, 1.0]},
+                )
+                g.run("optim_step")
+            assert g.run("sync_weights")["digest"] == got
+    metrics = httpx.get(service.url + "/metrics").text
+    assert 'loom_cluster_ops{op="optim_step",status="succeeded"}' in metrics
+
+
+def test_bad_input_is_refused_with_a_reason(service) -> None:
+    http = httpx.Client(base_url=service.url, timeout=120)
+    made = http.post("/v1/deployments", json={"job_id": "j", "layout": {"dp": 1}})
+    assert made.status_code == 201, made.text
+    dep = made.json()["id"]
+    cases = [
+        ("post", f"/v1/deployments/{dep}/ops", {"op": "train_harder"}, 400, "unknown operation"),
+        ("post", "/v1/deployments/nope:actor/ops", {"op": "optim_step"}, 404, "no deployment"),
+        ("post", "/v1/deployments", {"job_id": "j", "layout": {"dp": 1}}, 409, "exists already"),
+        ("post", "/v1/deployments", {"job_id": "k", "group": 5}, 400, "no node group 5"),
+        ("post", "/v1/deployments", {"job_id": "bad id!"}, 422, "job_id"),
+        ("post", f"/v1/deployments/{dep}/ops", {"op": "forward", "extra": 1}, 422, "extra"),
+        ("get", "/v1/ops/123456", None, 404, "no operation"),
+        ("delete", "/v1/jobs/ghost", None, 404, "no deployment of job"),
+    ]
+    for method, path, body, status, words in cases:
+        resp = http.request(method.upper(), path, json=body)
+        assert resp.status_code == status and words in resp.text, (
+            path,
+            resp.status_code,
+            resp.text,
+        )
+    # an operation the worker cannot do fails with its reason, and the group goes on
+    op = http.post(
+        f"/v1/deployments/{dep}/ops", json={"op": "forward", "payload": {"ids": "x"}}
+    ).json()
+    view = http.get(f"/v1/ops/{op['op_id']}", params={"wait_s": 60}).json()
+    assert view["status"] == "failed" and view["error"]
+    ok = http.post(f"/v1/deployments/{dep}/ops", json={"op": "sync_weights"}).json()
+    assert http.get(f"/v1/ops/{ok['op_id']}", params={"wait_s": 60}).json()["status"] == "succeeded"
+    http.close()
+
+
+def test_deleting_a_job_cancels_its_queued_operations(service) -> None:
+    async def run() -> None:
+        async with ClusterClient(service.url) as cluster:
+            job = await cluster.job("doomed")
+            actor = await job.deployment("actor", dp=1)
+            ids = [await actor.submit("generate", ids=BATCH, max_tokens=200) for _ in range(4)]
+            await asyncio.sleep(0.5)
+            assert await job.delete() == ["doomed:actor"]
+            views = [await cluster.op(i) for i in ids]
+            assert all(v["status"] in ("succeeded", "cancelled") for v in views)
+            assert any(v["status"] == "cancelled" for v in views)
+            with pytest.raises(ClusterError, match="no deployment"):
+                await actor.submit("optim_step")
+
+    asyncio.run(run())
+
+
+def test_stopping_the_service_leaves_every_operation_terminal(tmp_path: Path) -> None:
+    svc = BackgroundCluster(ClusterConfig(port=0, state_dir=tmp_path)).start()
+    http = httpx.Client(base_url=svc.url, timeout=120)
+    dep = http.post("/v1/deployments", json={"job_id": "j"}).json()["id"]
+    for _ in range(3):
+        http.post(
+            f"/v1/deployments/{dep}/ops",
+            json={"op": "generate", "payload": {"ids": BATCH, "max_tokens": 100}},
+        )
+    http.close()
+    svc.stop()
+    records = svc.app.state.driver.ops.values()
+    assert records and all(r.status.terminal for r in records)
