@@ -54,7 +54,9 @@ def check_plan(plan: Plan, ops: Sequence[Op], now: float, busy_until: float, res
 
 @settings(max_examples=60, deadline=None)
 @given(
-    ops_strategy(), st.sampled_from(["hrrs", "hrrn", "fcfs"]), st.sampled_from([None, "j0", "j1"])
+    ops_strategy(),
+    st.sampled_from(["hrrs", "hrrn", "fcfs", "round_robin"]),
+    st.sampled_from([None, "j0", "j1"]),
 )
 def test_plans_are_disjoint_ordered_and_charge_setup_at_job_changes(ops, kind, resident) -> None:
     plan = OP_POLICIES.get(kind)().plan(
@@ -122,13 +124,13 @@ def test_the_dp_optimum_equals_brute_force_and_bounds_every_heuristic(ops, resid
     best = optimal_plan(ops, **kw)
     check_plan(best, ops, 0.0, 1.0, resident)
     assert total_flow_s(best) == pytest.approx(total_flow_s(brute_force_plan(ops, **kw)))
-    for kind in ("hrrs", "hrrn", "fcfs"):
+    for kind in ("hrrs", "hrrn", "fcfs", "round_robin"):
         heuristic = OP_POLICIES.get(kind)().plan(ops, **kw)
         assert total_flow_s(best) <= total_flow_s(heuristic) + 1e-9
 
 
 def test_registry_and_bad_input() -> None:
-    assert set(OpPolicyKind) == {"hrrs", "hrrs_alg1", "hrrn", "fcfs"}
+    assert set(OpPolicyKind) == {"hrrs", "hrrs_alg1", "hrrn", "fcfs", "round_robin"}
     with pytest.raises(UnknownPolicyError):
         OP_POLICIES.get("sjf")
     with pytest.raises(ConfigError, match="exec_s"):
@@ -150,3 +152,13 @@ def test_the_same_inputs_give_the_same_order() -> None:
         list(reversed(ops)), now=0.0, resident=None, busy_until=0.0, setup=setup
     )
     assert a.order() == b.order()
+
+
+def test_round_robin_gives_each_job_its_turn_in_a_fixed_cycle() -> None:
+    ops = [Op(i, job, 0.0, 1.0, i // 3) for i, job in enumerate(["a", "b", "c"] * 2)]
+    plan = OP_POLICIES.get("round_robin")().plan(
+        ops, now=0.0, resident="b", busy_until=0.0, setup=setup
+    )
+    # b is resident: its ready operations run back to back, then c, then a
+    assert [p.op.job for p in plan.entries] == ["b", "b", "c", "c", "a", "a"]
+    assert sum(1 for p in plan.entries if p.setup_s) == 2

@@ -54,8 +54,18 @@ def service(tmp_path: Path):  # type: ignore[no-untyped-def]
         yield svc
 
 
-def test_two_jobs_share_a_node_group_one_operation_at_a_time(service, tmp_path: Path) -> None:
+@pytest.mark.parametrize("policy", ["hrrs", "round_robin"])
+def test_two_jobs_share_a_node_group_one_operation_at_a_time(policy, tmp_path: Path) -> None:
+    """Under PlexRL's HRRS and under RollMux's round robin (the same runtime, another
+    operation policy)."""
     steps = 2
+    with BackgroundCluster(
+        ClusterConfig(port=0, groups=1, policy=policy, state_dir=tmp_path / "svc")
+    ) as service:
+        _two_jobs(service, steps, tmp_path)
+
+
+def _two_jobs(service: BackgroundCluster, steps: int, tmp_path: Path) -> None:
 
     async def both() -> list[tuple[str, list[str]]]:
         return await asyncio.gather(

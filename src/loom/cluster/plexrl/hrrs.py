@@ -95,6 +95,7 @@ class OpPolicyKind(StrEnum):
     HRRS_ALG1 = "hrrs_alg1"
     HRRN = "hrrn"
     FCFS = "fcfs"
+    ROUND_ROBIN = "round_robin"  # RollMux §4.3/§5.1: co-located jobs take turns, a phase each
 
 
 class OpPolicy(Protocol):
@@ -216,6 +217,34 @@ class Fcfs:
     ) -> Plan:
         def key(op: Op, t: float, res: str | None) -> tuple[float, ...]:
             return (-op.arrival_s,)
+
+        return _list_schedule(queued, now, resident, busy_until, setup, key)
+
+
+@OP_POLICIES.register(OpPolicyKind.ROUND_ROBIN)
+class RoundRobin:
+    """RollMux's intra-group schedule as an operation policy: the jobs sharing the group take
+    turns in a fixed cyclic order (by name); a job's turn runs its ready operations back to
+    back (its phase), then the next job with work goes. The same runtime, with this policy,
+    is RollMux's phase multiplexer (warm starts from host memory, §5.1)."""
+
+    def plan(
+        self,
+        queued: Sequence[Op],
+        *,
+        now: float,
+        resident: str | None,
+        busy_until: float,
+        setup: SetupCost,
+        running: Op | None = None,
+    ) -> Plan:
+        order = sorted({op.job for op in queued})
+
+        def key(op: Op, t: float, res: str | None) -> tuple[float, ...]:
+            if op.job == res:
+                return (0.0,)  # the turn goes on while its phase has work
+            base = order.index(res) if res in order else -1
+            return (-float((order.index(op.job) - base) % len(order)),)  # next in the cycle
 
         return _list_schedule(queued, now, resident, busy_until, setup, key)
 

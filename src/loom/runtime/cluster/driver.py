@@ -130,6 +130,9 @@ class ClusterDriver:
             for _ in range(groups)
         ]
         self._busy = [False] * groups
+        # NOTE: a group's devices hold one job's work at a time: every operation and every
+        # state move on a group runs under its lock (a new deployment's first offload too)
+        self._locks = [asyncio.Lock() for _ in range(groups)]
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closing = False
         self.counts = {"ops": 0, "switches": 0, "failed": 0}
@@ -170,7 +173,8 @@ class ClusterDriver:
         if sched.resident is None and not self._busy[group]:
             sched.resident = dep_id
         else:
-            await self._move(dep, "offload", group)
+            async with self._locks[group]:
+                await self._move(dep, "offload", group)
         log.info("deployment %s (dp %d) on node group %d", dep_id, dp, group)
         return dep
 
@@ -234,20 +238,24 @@ class ClusterDriver:
             if dep is None:
                 self._end(rec, OpStatus.CANCELLED, error="its deployment is gone")
                 return
-            if d.offload is not None or d.load is not None:
-                t0 = time.monotonic()
-                if d.offload is not None and d.offload in self.deployments:
-                    await self._move(self.deployments[d.offload], "offload", group)
-                await self._move(dep, "load", group)
-                self.groups[group].resident = dep.id
-                self._learn_switch(dep.id, time.monotonic() - t0)
-                rec.setup_s = time.monotonic() - t0
-                self.counts["switches"] += 1
-            await self._execute(dep, rec)
+            async with self._locks[group]:
+                await self._switch_and_execute(group, d, dep, rec)
         finally:
             self.groups[group].done(d.op.op_id)
             self._busy[group] = False
             self._pump(group)
+
+    async def _switch_and_execute(self, group: int, d: Any, dep: Deployment, rec: OpRecord) -> None:
+        if d.offload is not None or d.load is not None:
+            t0 = time.monotonic()
+            if d.offload is not None and d.offload in self.deployments:
+                await self._move(self.deployments[d.offload], "offload", group)
+            await self._move(dep, "load", group)
+            self.groups[group].resident = dep.id
+            self._learn_switch(dep.id, time.monotonic() - t0)
+            rec.setup_s = time.monotonic() - t0
+            self.counts["switches"] += 1
+        await self._execute(dep, rec)
 
     async def _execute(self, dep: Deployment, rec: OpRecord) -> None:
         rec.status = OpStatus.RUNNING
