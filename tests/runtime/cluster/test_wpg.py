@@ -136,8 +136,8 @@ def test_two_jobs_multiplexed_with_forced_switches_match_each_alone(tmp_path: Pa
 
 def test_a_killed_worker_fails_the_operation_with_a_reason(tmp_path: Path) -> None:
     with WorkerGroup(WorkerGroupConfig(name="victim", dp=2, state_dir=tmp_path)) as g:
-        os.kill(g._procs[1].pid, signal.SIGKILL)
-        g._procs[1].join(10)
+        os.kill(g.pids[1], signal.SIGKILL)
+        g._procs[1].wait(10)
         with pytest.raises(WorkerError, match=r"gone|died"):
             g.run("forward", {"ids": BATCH})
         assert not g.alive

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from loom.cluster.plexrl.hrrs import OpPolicyKind
 from loom.core.errors import ConfigError
-from loom.runtime.cluster.driver import USER_OPS, ClusterDriver, Conflict, NotFound
+from loom.runtime.cluster.driver import USER_OPS, ClusterDriver, Conflict, NotFound, Unavailable
 from loom.runtime.service import BackgroundApp, BodyLimit, DriverServer, malformed_request, run_app
 
 __all__ = ["BackgroundCluster", "ClusterConfig", "create_app", "serve"]
@@ -93,6 +93,8 @@ def create_app(config: ClusterConfig, driver: ClusterDriver | None = None) -> Fa
             return HTTPException(404, str(exc))
         if isinstance(exc, Conflict):
             return HTTPException(409, str(exc))
+        if isinstance(exc, Unavailable):
+            return HTTPException(503, str(exc))
         return HTTPException(400, str(exc))
 
     @app.post("/v1/deployments", status_code=201)
@@ -106,7 +108,7 @@ def create_app(config: ClusterConfig, driver: ClusterDriver | None = None) -> Fa
                 group=body.group,
                 seed=body.seed,
             )
-        except (ConfigError, Conflict) as exc:
+        except (ConfigError, Conflict, Unavailable) as exc:
             raise _fail(exc) from None
         return {"id": dep.id, "job_id": dep.job, "group": dep.group, "dp": dep.wpg.config.dp}
 

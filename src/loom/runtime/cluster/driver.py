@@ -27,7 +27,7 @@ from loom.cluster.plexrl.hrrs import OP_POLICIES, Op, OpPolicyKind
 from loom.core.errors import ConfigError
 from loom.runtime.cluster.wpg import OPS, WorkerError, WorkerGroup, WorkerGroupConfig
 
-__all__ = ["ClusterDriver", "Conflict", "NotFound", "OpStatus"]
+__all__ = ["ClusterDriver", "Conflict", "NotFound", "OpStatus", "Unavailable"]
 
 log = logging.getLogger("loom.cluster")
 
@@ -42,6 +42,10 @@ class NotFound(KeyError):
 
 class Conflict(Exception):
     pass
+
+
+class Unavailable(Exception):
+    """The service cannot do it now (its workers would not start)."""
 
 
 class OpStatus(StrEnum):
@@ -164,7 +168,10 @@ class ClusterDriver:
             state_dir=None if self.state_dir is None else self.state_dir / dep_id.replace(":", "-"),
         )
         wpg = WorkerGroup(cfg)
-        await asyncio.get_running_loop().run_in_executor(None, wpg.start)
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, wpg.start)
+        except WorkerError as exc:
+            raise Unavailable(f"could not start {dep_id}'s worker processes: {exc}") from None
         dep = Deployment(dep_id, job_id, model, role, group, wpg)
         self.deployments[dep_id] = dep
         # a new deployment starts resident; if its group holds another or is busy, it waits

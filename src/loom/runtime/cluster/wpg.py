@@ -16,14 +16,18 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import multiprocessing as mp
+import json
+import os
+import secrets
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Client, Connection, Listener
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +84,7 @@ class WorkerGroup:
     """The service-side handle of one WPG."""
 
     config: WorkerGroupConfig
-    _procs: list[Any] = field(default_factory=list)
+    _procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     _conns: list[Connection] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _tmp: tempfile.TemporaryDirectory[str] | None = None
@@ -88,26 +92,49 @@ class WorkerGroup:
     ops_run: int = 0
 
     def start(self) -> WorkerGroup:
+        """Start one process per rank (`python -m loom.runtime.cluster.wpg`: a fresh
+        interpreter, so the caller's script is never re-imported) and wait until every rank
+        has joined the group and built its model."""
         cfg = self.config
         if cfg.state_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix=f"loom-wpg-{cfg.name}-")
             state_dir = Path(self._tmp.name)
         else:
             state_dir = Path(cfg.state_dir)
-        ctx = mp.get_context("spawn")
+        state_dir.mkdir(parents=True, exist_ok=True)
+        key = secrets.token_bytes(16)
+        address = str(
+            Path(tempfile.gettempdir()) / f"loom-wpg-{os.getpid()}-{secrets.token_hex(6)}.sock"
+        )
         port = _free_port()
-        for rank in range(cfg.dp):
-            parent, child = ctx.Pipe()
-            p = ctx.Process(
-                target=_worker_main,
-                args=(asdict(cfg) | {"state_dir": str(state_dir)}, rank, port, child),
-                daemon=True,
-                name=f"loom-wpg-{cfg.name}-{rank}",
+        spec = json.dumps(asdict(cfg) | {"state_dir": str(state_dir)})
+        by_rank: dict[int, Connection] = {}
+        with Listener(address, family="AF_UNIX", authkey=key) as listener:
+            for rank in range(cfg.dp):
+                env = dict(os.environ, LOOM_WPG_AUTHKEY=key.hex())
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "loom.runtime.cluster.wpg",
+                    address,
+                    str(rank),
+                    str(port),
+                    spec,
+                ]
+                self._procs.append(subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL))
+            accepting = threading.Thread(
+                target=lambda: self._accept(listener, by_rank), daemon=True
             )
-            p.start()
-            child.close()
-            self._procs.append(p)
-            self._conns.append(parent)
+            accepting.start()
+            deadline = time.monotonic() + cfg.start_timeout_s
+            while accepting.is_alive():
+                accepting.join(0.2)
+                if time.monotonic() > deadline or any(p.poll() is not None for p in self._procs):
+                    break
+            if len(by_rank) < cfg.dp:
+                self.close()
+                raise WorkerError(f"{cfg.name}: the workers did not all connect")
+        self._conns = [by_rank[r] for r in range(cfg.dp)]
         deadline = time.monotonic() + cfg.start_timeout_s
         for rank, conn in enumerate(self._conns):
             if not conn.poll(max(0.0, deadline - time.monotonic())):
@@ -121,9 +148,22 @@ class WorkerGroup:
                 raise WorkerError(f"{cfg.name}: rank {rank} failed to start: {msg['error']}")
         return self
 
+    def _accept(self, listener: Listener, by_rank: dict[int, Connection]) -> None:
+        while len(by_rank) < self.config.dp:
+            try:
+                conn = listener.accept()
+            except OSError:
+                return
+            hello = conn.recv()
+            by_rank[int(hello["rank"])] = conn
+
     @property
     def alive(self) -> bool:
-        return bool(self._procs) and all(p.is_alive() for p in self._procs)
+        return bool(self._procs) and all(p.poll() is None for p in self._procs)
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs]
 
     def run(
         self, op: str, payload: dict[str, Any] | None = None, timeout_s: float = 600.0
@@ -145,7 +185,7 @@ class WorkerGroup:
             deadline = time.monotonic() + timeout_s
             for rank, conn in enumerate(self._conns):
                 while not conn.poll(0.2):
-                    if not self._procs[rank].is_alive():
+                    if self._procs[rank].poll() is not None:
                         raise WorkerError(f"{self.config.name}: rank {rank} died during {op}")
                     if time.monotonic() > deadline:
                         raise WorkerError(f"{self.config.name}: {op} ran past {timeout_s} s")
@@ -169,10 +209,11 @@ class WorkerGroup:
             with contextlib.suppress(Exception):
                 conn.send(("exit", {}))
         for p in self._procs:
-            p.join(5)
-            if p.is_alive():
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
                 p.kill()
-                p.join(5)
+                p.wait(5)
         for conn in self._conns:
             conn.close()
         self._procs, self._conns = [], []
@@ -191,6 +232,7 @@ class WorkerGroup:
 
 
 def _worker_main(cfg: dict[str, Any], rank: int, port: int, conn: Connection) -> None:
+    conn.send({"rank": rank})
     try:
         worker = _Worker(cfg, rank, port)
     except Exception:
@@ -399,3 +441,15 @@ class _Worker:
             self.dist.broadcast(t.data, src=0)
         self.resident = True
         return {"bytes": read}
+
+
+def main(argv: list[str]) -> None:
+    """A worker process: connect back to the group's listener, then serve operations."""
+    address, rank, port, spec = argv[0], int(argv[1]), int(argv[2]), json.loads(argv[3])
+    key = bytes.fromhex(os.environ.pop("LOOM_WPG_AUTHKEY"))
+    conn = Client(address, family="AF_UNIX", authkey=key)
+    _worker_main(spec, rank, port, conn)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
