@@ -160,9 +160,14 @@ OP_POLICIES: Registry[OpPolicyKind, Callable[[], OpPolicy]] = Registry(
 )
 
 
-@OP_POLICIES.register(OpPolicyKind.HRRS)
-class Hrrs:
-    """Eq. 3–4."""
+class _ListPolicy:
+    """A list scheduler: whenever the group frees, the eligible operation with the largest
+    `key` runs (after its setup if its job is not resident)."""
+
+    def key(
+        self, op: Op, t: float, resident: str | None, setup: SetupCost, queued: Sequence[Op]
+    ) -> tuple[float, ...]:
+        raise NotImplementedError
 
     def plan(
         self,
@@ -174,79 +179,62 @@ class Hrrs:
         setup: SetupCost,
         running: Op | None = None,
     ) -> Plan:
-        def key(op: Op, t: float, res: str | None) -> tuple[float, ...]:
-            s = op.exec_s + (setup(op.job, res) if op.job != res else 0.0)
-            return (1.0 + (t - op.arrival_s) / s if s > 0 else float("inf"),)
+        return _list_schedule(
+            queued,
+            now,
+            resident,
+            busy_until,
+            setup,
+            lambda op, t, res: self.key(op, t, res, setup, queued),
+        )
 
-        return _list_schedule(queued, now, resident, busy_until, setup, key)
+
+@OP_POLICIES.register(OpPolicyKind.HRRS)
+class Hrrs(_ListPolicy):
+    """Eq. 3–4: P = 1 + W / (E + 1_switch · C_setup)."""
+
+    def key(
+        self, op: Op, t: float, resident: str | None, setup: SetupCost, queued: Sequence[Op]
+    ) -> tuple[float, ...]:
+        s = op.exec_s + (setup(op.job, resident) if op.job != resident else 0.0)
+        return (1.0 + (t - op.arrival_s) / s if s > 0 else float("inf"),)
 
 
 @OP_POLICIES.register(OpPolicyKind.HRRN)
-class Hrrn:
+class Hrrn(_ListPolicy):
     """Highest response ratio next, setup-blind: P = 1 + W / E."""
 
-    def plan(
-        self,
-        queued: Sequence[Op],
-        *,
-        now: float,
-        resident: str | None,
-        busy_until: float,
-        setup: SetupCost,
-        running: Op | None = None,
-    ) -> Plan:
-        def key(op: Op, t: float, res: str | None) -> tuple[float, ...]:
-            return (1.0 + (t - op.arrival_s) / op.exec_s if op.exec_s > 0 else float("inf"),)
-
-        return _list_schedule(queued, now, resident, busy_until, setup, key)
+    def key(
+        self, op: Op, t: float, resident: str | None, setup: SetupCost, queued: Sequence[Op]
+    ) -> tuple[float, ...]:
+        return (1.0 + (t - op.arrival_s) / op.exec_s if op.exec_s > 0 else float("inf"),)
 
 
 @OP_POLICIES.register(OpPolicyKind.FCFS)
-class Fcfs:
+class Fcfs(_ListPolicy):
     """Arrival order (each job's own order kept)."""
 
-    def plan(
-        self,
-        queued: Sequence[Op],
-        *,
-        now: float,
-        resident: str | None,
-        busy_until: float,
-        setup: SetupCost,
-        running: Op | None = None,
-    ) -> Plan:
-        def key(op: Op, t: float, res: str | None) -> tuple[float, ...]:
-            return (-op.arrival_s,)
-
-        return _list_schedule(queued, now, resident, busy_until, setup, key)
+    def key(
+        self, op: Op, t: float, resident: str | None, setup: SetupCost, queued: Sequence[Op]
+    ) -> tuple[float, ...]:
+        return (-op.arrival_s,)
 
 
 @OP_POLICIES.register(OpPolicyKind.ROUND_ROBIN)
-class RoundRobin:
+class RoundRobin(_ListPolicy):
     """RollMux's intra-group schedule as an operation policy: the jobs sharing the group take
     turns in a fixed cyclic order (by name); a job's turn runs its ready operations back to
     back (its phase), then the next job with work goes. The same runtime, with this policy,
     is RollMux's phase multiplexer (warm starts from host memory, §5.1)."""
 
-    def plan(
-        self,
-        queued: Sequence[Op],
-        *,
-        now: float,
-        resident: str | None,
-        busy_until: float,
-        setup: SetupCost,
-        running: Op | None = None,
-    ) -> Plan:
-        order = sorted({op.job for op in queued})
-
-        def key(op: Op, t: float, res: str | None) -> tuple[float, ...]:
-            if op.job == res:
-                return (0.0,)  # the turn goes on while its phase has work
-            base = order.index(res) if res in order else -1
-            return (-float((order.index(op.job) - base) % len(order)),)  # next in the cycle
-
-        return _list_schedule(queued, now, resident, busy_until, setup, key)
+    def key(
+        self, op: Op, t: float, resident: str | None, setup: SetupCost, queued: Sequence[Op]
+    ) -> tuple[float, ...]:
+        if op.job == resident:
+            return (0.0,)  # the turn goes on while its phase has work
+        order = sorted({o.job for o in queued})
+        base = order.index(resident) if resident in order else -1
+        return (-float((order.index(op.job) - base) % len(order)),)  # next in the cycle
 
 
 @OP_POLICIES.register(OpPolicyKind.HRRS_ALG1)
