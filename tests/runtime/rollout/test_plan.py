@@ -120,7 +120,9 @@ def test_a_history_without_features_or_workloads_plans(tmp_path: Path) -> None:
         (["--gpus", "3", "--degrees", "2,4"], "3 GPUs cannot be split into workers"),
         (["--gpus", "0"], "gpus, max_running and gpus_per_node must be >= 1"),
         (["--gpus", "8", "--degrees", "1,x"], "not a list of integers"),
-        (["--gpus", "8", "--degrees", "16"], "no degree in (16,)"),
+        # 3 neither divides Qwen3-14B's 8 KV heads nor is a multiple of them (16 is: vLLM
+        # replicates the heads)
+        (["--gpus", "8", "--degrees", "3"], "no degree in (3,)"),
         (["--gpus", "8", "--model", "gpt-9"], "unknown model 'gpt-9'"),
         (["--gpus", "8", "--gpu", "tpu"], "unknown GPU type 'tpu'"),
     ],
