@@ -86,7 +86,10 @@ class JobHandle:
         model: str = "tiny",
         group: int | None = None,
         seed: int = 0,
+        trace: dict[str, Any] | None = None,
     ) -> DeploymentHandle:
+        """Start a deployment: on `group` if named, else where a profiled `trace` fits
+        (PlexRL's placement), else on a group of its own while one is free."""
         body = {
             "job_id": self.job_id,
             "role": role,
@@ -94,6 +97,7 @@ class JobHandle:
             "layout": {"dp": dp},
             "seed": seed,
             **({"group": group} if group is not None else {}),
+            **({"trace": trace} if trace is not None else {}),
         }
         made = _check(await self.client.http.post("/v1/deployments", json=body))
         return DeploymentHandle(self, made["id"], int(made["group"]))
@@ -109,6 +113,35 @@ class JobHandle:
             rec.end_s = time.monotonic()
             self.phases.append(rec)
             self._current = outer
+
+    def trace(self, cycle: str, busy: tuple[str, ...]) -> dict[str, Any] | None:
+        """The job's cycle as PlexRL's placement fits it (`DeploymentHandle.profile`): the
+        period is the mean time between the starts of consecutive `cycle` phases; the segments
+        are where, within a cycle, the phases named in `busy` ran (their mean offset and
+        duration, whole seconds). None until two cycles have been seen."""
+        starts = [p.start_s for p in self.phases if p.name == cycle]
+        if len(starts) < 2:
+            return None
+        period = (starts[-1] - starts[0]) / (len(starts) - 1)
+        spans: dict[str, list[tuple[float, float]]] = {}
+        for p in self.phases:
+            if p.name not in busy:
+                continue
+            base = max((s for s in starts if s <= p.start_s), default=None)
+            if base is None:
+                continue
+            spans.setdefault(p.name, []).append((p.start_s - base, p.end_s - p.start_s))
+        segments, end = [], 0
+        for name in busy:
+            got = spans.get(name)
+            if not got:
+                continue
+            offset = max(end, round(sum(o for o, _ in got) / len(got)))
+            dur = max(1, round(sum(d for _, d in got) / len(got)))
+            segments.append([offset, dur])
+            end = offset + dur
+        period_s = max(end, round(period), 1)
+        return {"period_s": period_s, "segments": segments} if segments else None
 
     async def delete(self) -> list[str]:
         return list(_check(await self.client.http.delete(f"/v1/jobs/{self.job_id}"))["deployments"])
@@ -147,6 +180,14 @@ class DeploymentHandle:
                 raise ClusterError(
                     504, f"operation {op_id} still {view['status']} after {timeout_s} s"
                 )
+
+    async def profile(self, trace: dict[str, Any]) -> dict[str, Any]:
+        """Hand the service this deployment's profiled cycle (`JobHandle.trace`): PlexRL's
+        placement fits it onto a node group (repacking a cold-started job)."""
+        resp = await self.job.client.http.put(f"/v1/deployments/{self.id}/trace", json=trace)
+        view = dict(_check(resp))
+        self.group = int(view["group"])
+        return view
 
     async def call(self, op: str, **payload: Any) -> dict[str, Any]:
         return await self.result(await self.submit(op, **payload))

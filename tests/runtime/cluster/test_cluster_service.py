@@ -163,3 +163,39 @@ def test_stopping_the_service_leaves_every_operation_terminal(tmp_path: Path) ->
     svc.stop()
     records = svc.app.state.driver.ops.values()
     assert records and all(r.status.terminal for r in records)
+
+
+def test_placement_cold_starts_on_own_groups_and_fits_profiled_traces(tmp_path: Path) -> None:
+    """Cold start: each deployment gets a node group of its own while one is free. Warm
+    start: a deployment with a profiled trace is fitted with the least phase shift, here into
+    the first job's idle time on its group. Repacking moves a cold-started job by its trace."""
+
+    async def run(url: str) -> None:
+        async with ClusterClient(url) as cluster:
+            a = await cluster.job("a")
+            da = await a.deployment("actor", trace={"period_s": 100, "segments": [[0, 30]]})
+            b = await cluster.job("b")
+            db = await b.deployment("actor")  # no trace yet: cold start, a group of its own
+            assert db.group != da.group
+            c = await cluster.job("c")
+            dc = await c.deployment("actor", trace={"period_s": 100, "segments": [[0, 40]]})
+            stats = await cluster.stats()
+            placed = stats["deployments"]["c:actor"]["placement"]
+            first = stats["deployments"]["a:actor"]["placement"]
+            assert dc.group == da.group
+            assert placed["start_s"] == first["start_s"] + 30  # right after a's segment
+            assert stats["deployments"]["b:actor"]["placement"]["dedicated"] is True
+            # b profiled its cycle: it is repacked by its trace (and may leave its own group)
+            for _ in range(3):
+                async with b.phase("step"), b.phase("train"):
+                    await db.call("optim_step")
+            trace = b.trace("step", ("train",))
+            assert trace is not None and trace["segments"][0][1] >= 1
+            view = await db.profile({"period_s": 100, "segments": [[0, 20]]})
+            assert view["placement"]["dedicated"] is False
+            assert (await db.call("optim_step"))["step"] == 4  # it runs where it went
+            with pytest.raises(ClusterError, match="invalid trace"):
+                await db.profile({"period_s": 10, "segments": [[0, 20]]})
+
+    with BackgroundCluster(ClusterConfig(port=0, groups=2, state_dir=tmp_path)) as svc:
+        asyncio.run(run(svc.url))

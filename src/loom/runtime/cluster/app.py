@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 
 from loom.cluster.plexrl.hrrs import OpPolicyKind
+from loom.cluster.plexrl.timeline import HORIZON_SLOTS, Footprint
 from loom.core.errors import ConfigError
 from loom.runtime.cluster.driver import USER_OPS, ClusterDriver, Conflict, NotFound, Unavailable
 from loom.runtime.service import BackgroundApp, BodyLimit, DriverServer, malformed_request, run_app
@@ -44,6 +45,21 @@ class _Layout(BaseModel):
     dp: int = Field(default=1, ge=1, le=64)
 
 
+class _Trace(BaseModel):
+    """A job's profiled cycle on its node group (§4.3.2): its period and the segments (offset,
+    duration in seconds) its operations keep the group busy within it."""
+
+    model_config = ConfigDict(extra="forbid")
+    period_s: int = Field(ge=1, le=HORIZON_SLOTS)
+    segments: list[tuple[int, int]] = Field(min_length=1, max_length=1024)
+
+    def footprint(self) -> Footprint:
+        try:
+            return Footprint(tuple(self.segments), period=self.period_s)
+        except ConfigError as exc:
+            raise HTTPException(400, f"invalid trace: {exc}") from None
+
+
 class _Deployment(BaseModel):
     model_config = ConfigDict(extra="forbid")
     job_id: Name
@@ -52,12 +68,31 @@ class _Deployment(BaseModel):
     layout: _Layout = Field(default_factory=_Layout)
     group: int | None = Field(default=None, ge=0)
     seed: int = 0
+    trace: _Trace | None = None
 
 
 class _Op(BaseModel):
     model_config = ConfigDict(extra="forbid")
     op: str
     payload: dict[str, Any] = Field(default_factory=dict)
+
+
+def _deployment_view(dep: Any) -> dict[str, Any]:
+    placed = dep.placement
+    return {
+        "id": dep.id,
+        "job_id": dep.job,
+        "group": dep.group,
+        "dp": dep.wpg.config.dp,
+        "placement": None
+        if placed is None
+        else {
+            "group": placed.group,
+            "delta_s": placed.delta,
+            "start_s": placed.start,
+            "dedicated": placed.dedicated,
+        },
+    }
 
 
 def create_app(config: ClusterConfig, driver: ClusterDriver | None = None) -> FastAPI:
@@ -100,6 +135,7 @@ def create_app(config: ClusterConfig, driver: ClusterDriver | None = None) -> Fa
     @app.post("/v1/deployments", status_code=201)
     async def create_deployment(body: _Deployment) -> dict[str, Any]:
         try:
+            trace = body.trace.footprint() if body.trace is not None else None
             dep = await drv().create(
                 job_id=body.job_id,
                 model=body.model,
@@ -107,10 +143,19 @@ def create_app(config: ClusterConfig, driver: ClusterDriver | None = None) -> Fa
                 dp=body.layout.dp,
                 group=body.group,
                 seed=body.seed,
+                trace=trace,
             )
         except (ConfigError, Conflict, Unavailable) as exc:
             raise _fail(exc) from None
-        return {"id": dep.id, "job_id": dep.job, "group": dep.group, "dp": dep.wpg.config.dp}
+        return _deployment_view(dep)
+
+    @app.put("/v1/deployments/{dep_id}/trace")
+    async def repack(dep_id: str, body: _Trace) -> dict[str, Any]:
+        try:
+            dep = await drv().repack(dep_id, body.footprint())
+        except (NotFound, Conflict) as exc:
+            raise _fail(exc) from None
+        return _deployment_view(dep)
 
     @app.post("/v1/deployments/{dep_id}/ops", status_code=202)
     async def submit(dep_id: str, body: _Op) -> dict[str, Any]:

@@ -24,6 +24,8 @@ from typing import Any
 
 from loom.cluster.plexrl.group import GroupScheduler
 from loom.cluster.plexrl.hrrs import OP_POLICIES, Op, OpPolicyKind
+from loom.cluster.plexrl.placement import JobPlacement, PlacementConfig, PlexPlacement
+from loom.cluster.plexrl.timeline import HORIZON_SLOTS, Footprint, Timeline
 from loom.core.errors import ConfigError
 from loom.runtime.cluster.wpg import OPS, WorkerError, WorkerGroup, WorkerGroupConfig
 
@@ -103,6 +105,7 @@ class Deployment:
     group: int
     wpg: WorkerGroup
     seq: int = 0  # operations submitted (their order within the deployment)
+    placement: JobPlacement | None = None  # how PlexRL's placement put it there, if it did
 
 
 class ClusterDriver:
@@ -134,6 +137,12 @@ class ClusterDriver:
             for _ in range(groups)
         ]
         self._busy = [False] * groups
+        # PlexRL's placement over the node groups (one timeline node each): cold starts take a
+        # group of their own, profiled traces are fitted with a phase shift
+        self.placement = PlexPlacement(
+            Timeline(nodes=groups, horizon=HORIZON_SLOTS),
+            PlacementConfig(groups=tuple((g,) for g in range(groups)), duty_bound=1.0),
+        )
         # NOTE: a group's devices hold one job's work at a time: every operation and every
         # state move on a group runs under its lock (a new deployment's first offload too)
         self._locks = [asyncio.Lock() for _ in range(groups)]
@@ -146,21 +155,27 @@ class ClusterDriver:
 
     # ---- deployments ------------------------------------------------------------------------
     async def create(
-        self, *, job_id: str, model: str, role: str, dp: int, group: int | None, seed: int = 0
+        self,
+        *,
+        job_id: str,
+        model: str,
+        role: str,
+        dp: int,
+        group: int | None,
+        seed: int = 0,
+        trace: Footprint | None = None,
     ) -> Deployment:
+        """Start a deployment. Its node group: `group` if named; else, with a profiled
+        `trace`, where PlexRL's placement fits it (§4.3.2, warm start); else a group of its
+        own (cold start) while one is free, and the least-shared group when none is."""
         if self._closing:
             raise Conflict("the service is shutting down")
         dep_id = f"{job_id}:{role}"
         if dep_id in self.deployments:
             raise Conflict(f"deployment {dep_id} exists already")
-        if group is None:
-            loads = [
-                sum(1 for d in self.deployments.values() if d.group == g)
-                for g in range(len(self.groups))
-            ]
-            group = loads.index(min(loads))  # a group of its own if one is free, else the emptiest
-        if not 0 <= group < len(self.groups):
+        if group is not None and not 0 <= group < len(self.groups):
             raise ConfigError(f"no node group {group} (this service has {len(self.groups)})")
+        group, placed = self._place(dep_id, group, trace)
         cfg = WorkerGroupConfig(
             name=dep_id.replace(":", "-"),
             dp=dp,
@@ -171,8 +186,10 @@ class ClusterDriver:
         try:
             await asyncio.get_running_loop().run_in_executor(None, wpg.start)
         except WorkerError as exc:
+            if placed is not None:
+                self.placement.release(dep_id)
             raise Unavailable(f"could not start {dep_id}'s worker processes: {exc}") from None
-        dep = Deployment(dep_id, job_id, model, role, group, wpg)
+        dep = Deployment(dep_id, job_id, model, role, group, wpg, placement=placed)
         self.deployments[dep_id] = dep
         # a new deployment starts resident; if its group holds another or is busy, it waits
         # offloaded for its turn (one job's state on the group's devices at a time)
@@ -183,6 +200,52 @@ class ClusterDriver:
             async with self._locks[group]:
                 await self._move(dep, "offload", group)
         log.info("deployment %s (dp %d) on node group %d", dep_id, dp, group)
+        return dep
+
+    def _place(
+        self, dep_id: str, group: int | None, trace: Footprint | None
+    ) -> tuple[int, JobPlacement | None]:
+        self.placement.timeline.advance(int(self.now()))
+        if group is not None:
+            return group, None
+        placed = (
+            self.placement.place(dep_id, trace)
+            if trace is not None
+            else self.placement.cold_start(dep_id, nodes=1)
+        )
+        if placed is not None:
+            return placed.group, placed
+        loads = [
+            sum(1 for d in self.deployments.values() if d.group == g)
+            for g in range(len(self.groups))
+        ]
+        return loads.index(min(loads)), None  # NOTE: shared unplaced, rather than refused
+
+    async def repack(self, dep_id: str, trace: Footprint) -> Deployment:
+        """A deployment's cycle is profiled (§4.3.2: cold start, then repacking): place it
+        from its trace. If its node group changes, its state leaves the old group's devices
+        and its later operations queue on the new group."""
+        dep = self.deployments.get(dep_id)
+        if dep is None:
+            raise NotFound(f"no deployment {dep_id!r}")
+        old = self.groups[dep.group]
+        if any(o.job == dep_id for o in old.queue) or (
+            old.running is not None and old.running.job == dep_id
+        ):
+            raise Conflict(f"{dep_id} has operations queued or running: repack it between steps")
+        self.placement.timeline.advance(int(self.now()))
+        if self.placement.group_of(dep_id) is not None:
+            placed = self.placement.repack(dep_id, trace)
+        else:
+            placed = self.placement.place(dep_id, trace)
+        if placed is None:
+            return dep  # nothing fits: it stays where it is
+        dep.placement = placed
+        if placed.group != dep.group:
+            async with self._locks[dep.group]:
+                if old.resident == dep_id:
+                    await self._move(dep, "offload", dep.group)
+            dep.group = placed.group
         return dep
 
     async def _move(self, dep: Deployment, kind: str, group: int) -> None:
@@ -205,6 +268,8 @@ class ClusterDriver:
                 await asyncio.sleep(0.01)  # its running operation finishes first
             if sched.resident == dep.id:
                 sched.resident = None
+            if self.placement.group_of(dep.id) is not None:
+                self.placement.release(dep.id)
             await asyncio.get_running_loop().run_in_executor(None, dep.wpg.close)
             del self.deployments[dep.id]
         return [d.id for d in gone]
@@ -323,6 +388,14 @@ class ClusterDriver:
             ],
             "deployments": {
                 d.id: {
+                    "placement": None
+                    if d.placement is None
+                    else {
+                        "group": d.placement.group,
+                        "delta_s": d.placement.delta,
+                        "start_s": d.placement.start,
+                        "dedicated": d.placement.dedicated,
+                    },
                     "job": d.job,
                     "model": d.model,
                     "role": d.role,
