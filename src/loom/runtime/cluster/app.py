@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, HTTPException, Query
 from fastapi.exceptions import RequestValidationError
@@ -38,6 +38,10 @@ class ClusterConfig(BaseModel):
     policy: OpPolicyKind = OpPolicyKind.HRRS
     state_dir: Path | None = None
     max_body_bytes: int = Field(default=64 << 20, ge=1024)
+    launcher: Literal["process", "ray"] = Field(
+        default="process", description="worker processes here, or Ray actors in placement groups"
+    )
+    gpus_per_rank: float = Field(default=0.0, ge=0, description="GPUs each rank asks Ray for")
 
 
 class _Layout(BaseModel):
@@ -110,7 +114,11 @@ def create_app(config: ClusterConfig, driver: ClusterDriver | None = None) -> Fa
     @asynccontextmanager
     async def lifespan(app: FastAPI):  # type: ignore[no-untyped-def]
         app.state.driver = driver or ClusterDriver(
-            groups=config.groups, policy=config.policy, state_dir=config.state_dir
+            groups=config.groups,
+            policy=config.policy,
+            state_dir=config.state_dir,
+            launcher=config.launcher,
+            gpus_per_rank=config.gpus_per_rank,
         )
         yield
         await app.state.driver.close()

@@ -103,7 +103,7 @@ class Deployment:
     model: str
     role: str
     group: int
-    wpg: WorkerGroup
+    wpg: Any  # a WorkerGroup, or a RayWorkerGroup on a Ray cluster
     seq: int = 0  # operations submitted (their order within the deployment)
     placement: JobPlacement | None = None  # how PlexRL's placement put it there, if it did
 
@@ -117,10 +117,15 @@ class ClusterDriver:
         state_dir: Path | None = None,
         default_exec_s: float = 1.0,
         default_switch_s: float = 1.0,
+        launcher: str = "process",
+        gpus_per_rank: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if groups < 1:
             raise ConfigError(f"groups must be >= 1, got {groups}")
+        if launcher not in ("process", "ray"):
+            raise ConfigError(f"launcher must be process or ray, got {launcher!r}")
+        self.launcher, self.gpus_per_rank = launcher, gpus_per_rank
         self.policy = OpPolicyKind(policy)
         self.state_dir = state_dir
         self.clock = clock
@@ -182,7 +187,13 @@ class ClusterDriver:
             seed=seed,
             state_dir=None if self.state_dir is None else self.state_dir / dep_id.replace(":", "-"),
         )
-        wpg = WorkerGroup(cfg)
+        wpg: Any
+        if self.launcher == "ray":
+            from loom.runtime.cluster.ray_wpg import RayWorkerGroup
+
+            wpg = RayWorkerGroup(cfg, gpus_per_rank=self.gpus_per_rank)
+        else:
+            wpg = WorkerGroup(cfg)
         try:
             await asyncio.get_running_loop().run_in_executor(None, wpg.start)
         except WorkerError as exc:

@@ -254,7 +254,9 @@ def _worker_main(cfg: dict[str, Any], rank: int, port: int, conn: Connection) ->
 
 
 class _Worker:
-    def __init__(self, cfg: dict[str, Any], rank: int, port: int) -> None:
+    def __init__(
+        self, cfg: dict[str, Any], rank: int, port: int, master: str = "127.0.0.1"
+    ) -> None:
         import torch
         import torch.distributed as dist
 
@@ -266,7 +268,7 @@ class _Worker:
         self.rank, self.world = rank, cfg["dp"]
         self.name = cfg["name"]
         dist.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=self.world
+            "gloo", init_method=f"tcp://{master}:{port}", rank=rank, world_size=self.world
         )
         spec = TinyDecoderSpec(
             vocab=cfg["vocab"],
