@@ -89,3 +89,25 @@ def test_the_cluster_service_drives_ray_launched_deployments(ray_cluster, tmp_pa
         view = http.get(f"/v1/ops/{op.json()['op_id']}", params={"wait_s": 120}).json()
         assert view["status"] == "succeeded" and len(view["result"]["logprobs"]) == 2
         assert http.delete("/v1/jobs/r").status_code == 200
+
+
+def test_the_service_runs_as_a_named_detached_actor(ray_cluster, tmp_path: Path) -> None:
+    from loom.runtime.cluster.ray_wpg import connect_service, deploy_service, shutdown_service
+
+    settings = ClusterConfig(port=0, gpus_per_rank=1.0, state_dir=tmp_path)
+    actor, url = deploy_service(settings, namespace="loom-cluster-test")
+    try:
+        _, found = connect_service(namespace="loom-cluster-test")  # any driver finds it by name
+        assert found == url
+        with httpx.Client(base_url=url, timeout=300) as http:
+            dep = http.post("/v1/deployments", json={"job_id": "d", "layout": {"dp": 1}}).json()[
+                "id"
+            ]
+            op = http.post(f"/v1/deployments/{dep}/ops", json={"op": "sync_weights"}).json()
+            view = http.get(f"/v1/ops/{op['op_id']}", params={"wait_s": 120}).json()
+            assert view["status"] == "succeeded"
+    finally:
+        shutdown_service(actor)
+    from ray.util import placement_group_table
+
+    assert not [p for p in placement_group_table().values() if p["state"] == "CREATED"]
