@@ -270,31 +270,23 @@ def run_experiments(seed: int, quick: bool) -> tuple[int, Iterator[Task]]:
     return len(tasks), iter(tasks)
 
 
+BARS = (  # experiment, metric, title: one bar chart each, models along x
+    ("table2", "bubble_ratio", "Table 2: training-pool bubble ratio"),
+    ("fig7b", "gpu_hours_per_step", "Fig. 7b: GPU-hours per effective step"),
+    ("fig7c", "throughput_auc_ratio", "Fig. 7c: real / saturated throughput AUC"),
+)
+
+
 def plot(records: list[Record], out: Path) -> list[Path]:
+    """Table 2 and Fig. 7b/7c as bars; Fig. 8 as the CDF of queueing delay."""
     by = by_experiment(records)
-    paths = []
-    if "table2" in by:
-        paths.append(
-            bar_plot(
-                by["table2"],
-                x="model",
-                hue="policy",
-                metric="bubble_ratio",
-                path=out / "table2.png",
-                title="Table 2: training-pool bubble ratio",
-            )
+    paths = [
+        bar_plot(
+            by[exp], x="model", hue="policy", metric=metric, path=out / f"{exp}.png", title=title
         )
-    if "fig7c" in by:
-        paths.append(
-            bar_plot(
-                by["fig7c"],
-                x="model",
-                hue="policy",
-                metric="throughput_auc_ratio",
-                path=out / "fig7c.png",
-                title="Fig. 7c: real / saturated throughput AUC",
-            )
-        )
+        for exp, metric, title in BARS
+        if exp in by
+    ]
     if "fig8_cdf" in by:
         paths.append(
             line_plot(
@@ -305,17 +297,6 @@ def plot(records: list[Record], out: Path) -> list[Path]:
                 facet="model",
                 path=out / "fig8.png",
                 title="Fig. 8: CDF of queueing delay / job duration",
-            )
-        )
-    if "fig7b" in by:
-        paths.append(
-            bar_plot(
-                by["fig7b"],
-                x="model",
-                hue="policy",
-                metric="gpu_hours_per_step",
-                path=out / "fig7b.png",
-                title="Fig. 7b: GPU-hours per effective step",
             )
         )
     return paths
