@@ -321,13 +321,20 @@ def train(
     delay = transfer_s(wl) if lent else 0.0
     rollout_end, train_end = 0.0, [0.0, 0.0]  # the ends of training steps s-2 and s-1
     p_valid = DAPO_FIRST_VALID
+    previous = -1  # the training step simulated last
     for s, at in enumerate(training_steps(wl, algo, steps)):
         start = max(rollout_end, train_end[0])
         feed = None
         specs = wl.sample(at)
         if algo == Algo.DAPO:
+            if s > 0 and previous != at - 1:
+                # NOTE: the runs sample steps spread over training, so the step before this
+                # one was not simulated: §6's "based on the previous step" then reads the
+                # workload's own share of valid groups there, not a far earlier step's
+                p_valid = max(1.0 / DAPO_MAX_MULTIPLE, wl.dapo.validity_prob(at - 1, wl.seed))
             feed = _dapo_feed(wl, at, p_valid)
             specs = list(feed.specs)
+        previous = at
         res = _rollout(
             wl,
             system,
