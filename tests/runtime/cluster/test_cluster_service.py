@@ -138,8 +138,9 @@ def test_deleting_a_job_cancels_its_queued_operations(service) -> None:
         async with ClusterClient(service.url) as cluster:
             job = await cluster.job("doomed")
             actor = await job.deployment("actor", dp=1)
-            ids = [await actor.submit("generate", ids=BATCH, max_tokens=200) for _ in range(4)]
-            await asyncio.sleep(0.5)
+            ids = [await actor.submit("generate", ids=BATCH, max_tokens=200) for _ in range(6)]
+            while (await cluster.op(ids[0]))["status"] == "queued":
+                await asyncio.sleep(0.01)  # the first runs: the others wait behind it
             assert await job.delete() == ["doomed:actor"]
             views = [await cluster.op(i) for i in ids]
             assert all(v["status"] in ("succeeded", "cancelled") for v in views)

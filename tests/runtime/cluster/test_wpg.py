@@ -77,7 +77,7 @@ def test_one_operation_at_a_time(pair) -> None:
     errors: list[Exception] = []
 
     def gen() -> None:
-        a.run("generate", {"ids": BATCH, "max_tokens": 64})
+        a.run("generate", {"ids": BATCH, "max_tokens": 256})
 
     t = threading.Thread(target=gen)
     t.start()
