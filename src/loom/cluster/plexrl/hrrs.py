@@ -221,20 +221,31 @@ class Fcfs(_ListPolicy):
 
 
 @OP_POLICIES.register(OpPolicyKind.ROUND_ROBIN)
-class RoundRobin(_ListPolicy):
+class RoundRobin:
     """RollMux's intra-group schedule as an operation policy: the jobs sharing the group take
     turns in a fixed cyclic order (by name); a job's turn runs its ready operations back to
     back (its phase), then the next job with work goes. The same runtime, with this policy,
     is RollMux's phase multiplexer (warm starts from host memory, §5.1)."""
 
-    def key(
-        self, op: Op, t: float, resident: str | None, setup: SetupCost, queued: Sequence[Op]
-    ) -> tuple[float, ...]:
-        if op.job == resident:
-            return (0.0,)  # the turn goes on while its phase has work
-        order = sorted({o.job for o in queued})
-        base = order.index(resident) if resident in order else -1
-        return (-float((order.index(op.job) - base) % len(order)),)  # next in the cycle
+    def plan(
+        self,
+        queued: Sequence[Op],
+        *,
+        now: float,
+        resident: str | None,
+        busy_until: float,
+        setup: SetupCost,
+        running: Op | None = None,
+    ) -> Plan:
+        order = {job: i for i, job in enumerate(sorted({o.job for o in queued}))}
+
+        def key(op: Op, t: float, res: str | None) -> tuple[float, ...]:
+            if op.job == res:
+                return (0.0,)  # the turn goes on while its phase has work
+            base = order.get(res, -1) if res is not None else -1
+            return (-float((order[op.job] - base) % len(order)),)  # next in the cycle
+
+        return _list_schedule(queued, now, resident, busy_until, setup, key)
 
 
 @OP_POLICIES.register(OpPolicyKind.HRRS_ALG1)

@@ -82,21 +82,9 @@ class _Op(BaseModel):
 
 
 def _deployment_view(dep: Any) -> dict[str, Any]:
-    placed = dep.placement
-    return {
-        "id": dep.id,
-        "job_id": dep.job,
-        "group": dep.group,
-        "dp": dep.wpg.config.dp,
-        "placement": None
-        if placed is None
-        else {
-            "group": placed.group,
-            "delta_s": placed.delta,
-            "start_s": placed.start,
-            "dedicated": placed.dedicated,
-        },
-    }
+    view: dict[str, Any] = dep.view()
+    view["job_id"] = view.pop("job")
+    return view
 
 
 def create_app(config: ClusterConfig, driver: ClusterDriver | None = None) -> FastAPI:

@@ -107,6 +107,26 @@ class Deployment:
     seq: int = 0  # operations submitted (their order within the deployment)
     placement: JobPlacement | None = None  # how PlexRL's placement put it there, if it did
 
+    def view(self) -> dict[str, Any]:
+        placed = self.placement
+        return {
+            "id": self.id,
+            "job": self.job,
+            "model": self.model,
+            "role": self.role,
+            "group": self.group,
+            "dp": self.wpg.config.dp,
+            "ops_run": self.wpg.ops_run,
+            "placement": None
+            if placed is None
+            else {
+                "group": placed.group,
+                "delta_s": placed.delta,
+                "start_s": placed.start,
+                "dedicated": placed.dedicated,
+            },
+        }
+
 
 class ClusterDriver:
     def __init__(
@@ -397,25 +417,7 @@ class ClusterDriver:
                 }
                 for g, s in enumerate(self.groups)
             ],
-            "deployments": {
-                d.id: {
-                    "placement": None
-                    if d.placement is None
-                    else {
-                        "group": d.placement.group,
-                        "delta_s": d.placement.delta,
-                        "start_s": d.placement.start,
-                        "dedicated": d.placement.dedicated,
-                    },
-                    "job": d.job,
-                    "model": d.model,
-                    "role": d.role,
-                    "group": d.group,
-                    "dp": d.wpg.config.dp,
-                    "ops_run": d.wpg.ops_run,
-                }
-                for d in self.deployments.values()
-            },
+            "deployments": {d.id: d.view() for d in self.deployments.values()},
             "ops": by_status,
             "counts": dict(self.counts),
         }
