@@ -17,8 +17,10 @@ host memory, disk — and over the transformations other components need from it
   needs (rollout weights resharded), each rank fetching only the bytes inside its own shard;
   and a mirror of a deployment's state onto another node's manager (migration).
 
-A plain object driven by its owner (the node's sidecar or a worker): no threads, no clock —
-`use` takes a logical time.
+A plain object driven by its owner — the node's sidecar daemon (`loom.state.sidecar`), or a
+test: no threads, no clock (`use` takes a logical time). In the sidecar the device tier is
+*external*: it holds mappings of the workers' own GPU memory (CUDA IPC; shared memory on a CPU
+node), bound by `bind` before an offload and filled through `expect` on a load.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ class _Deployment:
     keys: dict[int, list[StateKey]] = field(default_factory=dict)  # rank -> its keys
     loaded: bool = False
     last_use: float = -math.inf
+    meta: dict[str, Any] = field(default_factory=dict)  # the owner's notes (a training step)
 
 
 class StateManager:
@@ -83,10 +86,13 @@ class StateManager:
         device: str | None = None,
         pin_host: bool | None = None,
         verify_replicas: bool = False,
+        external_device: bool = False,
     ) -> None:
         if gpus < 1:
             raise ConfigError(f"a node needs >= 1 GPU (or CPU device tier), got {gpus}")
-        self.devices = [DeviceTier(device_bytes, device) for _ in range(gpus)]
+        self.devices = [
+            DeviceTier(device_bytes, device, external=external_device) for _ in range(gpus)
+        ]
         self.host = HostTier(host_bytes, pin_host)
         self.disk = DiskTier(disk_bytes, disk_dir)
         self.verify_replicas = verify_replicas
@@ -119,6 +125,55 @@ class StateManager:
         dep.ranks[rank] = gpu
         dep.keys[rank] = list(tensors)
         dep.loaded = True
+
+    def bind(self, deployment: str, rank: int, gpu: int, tensors: Mapping[StateKey, Any]) -> None:
+        """Rank `rank`'s tensors as they are now (a worker re-exports its memory before an
+        offload: its optimizer may have made new tensors since): registers the rank the first
+        time; after that the deployment must be loaded, and the rank's keys are replaced."""
+        dep = self._deps.get(deployment)
+        if dep is None or rank not in dep.ranks:
+            self.register(deployment, rank, gpu, tensors)
+            return
+        if not dep.loaded:
+            raise NotResident(f"{deployment} is offloaded: load it before binding its tensors")
+        if dep.ranks[rank] != gpu:
+            raise ConfigError(f"{deployment} rank {rank} is on GPU {dep.ranks[rank]}, not {gpu}")
+        dev = self.devices[gpu]
+        for key in dep.keys[rank]:
+            dev.delete((deployment, rank, key))
+        stale = set(dep.keys[rank]) - set(tensors)
+        for key in stale:  # offloaded copies of keys the rank no longer has (none while loaded)
+            if not self._shared(key, deployment) and key in self._home:
+                self._store(self._home.pop(key)).delete(key)
+        self._make_room(dev, sum(nbytes(t) for t in tensors.values()), keep=deployment)
+        for key, t in tensors.items():
+            dev.put((deployment, rank, key), t)
+            self._shape[key] = tuple(t.shape)
+        dep.keys[rank] = list(tensors)
+
+    def expect(self, deployment: str, rank: int, targets: Mapping[StateKey, Any]) -> None:
+        """Before `load`: the buffers rank `rank` exported for its keys (an external device
+        tier copies into them); every key of the rank needs one."""
+        dep = self._dep(deployment)
+        missing = set(dep.keys[rank]) - set(targets)
+        if missing:
+            raise ConfigError(f"{deployment} rank {rank}: no buffer for {sorted(missing)[:3]}")
+        dev = self.devices[dep.ranks[rank]]
+        for key in dep.keys[rank]:
+            dev.expect((deployment, rank, key), targets[key])
+
+    def keys_of(self, deployment: str, rank: int) -> dict[StateKey, tuple[tuple[int, ...], Any]]:
+        """Rank `rank`'s keys with their shapes and dtypes (what a load fills)."""
+        dep = self._dep(deployment)
+        out = {}
+        for key in dep.keys[rank]:
+            tier = self._home.get(key)
+            if tier is not None:
+                meta = self._store(tier)._meta[key]
+            else:
+                meta = self.devices[dep.ranks[rank]]._meta[(deployment, rank, key)]
+            out[key] = (meta.shape, meta.dtype)
+        return out
 
     def drop(self, deployment: str) -> None:
         """The deployment is gone: its state everywhere (keys no other deployment holds)."""
@@ -245,16 +300,24 @@ class StateManager:
             out[tuple(slice(a, b) for a, b in key.covers(shape))] = t.cpu()
         return out
 
-    def checkpoint(self, model: str, path: Path) -> list[str]:
-        """Every tensor of `model`, whole, to one file (`torch.save` of {kind/name: tensor})."""
+    def checkpoint(
+        self, model: str, path: Path, meta: Mapping[str, Any] | None = None
+    ) -> list[str]:
+        """Every tensor of `model`, whole, to one file (`torch.save` of {kind/name: tensor},
+        and `__meta__`: the owner's notes, when given)."""
         torch = _torch()
         names = sorted({(k.kind, k.name) for k in self._all_keys() if k.model == model})
         if not names:
             raise ConfigError(f"no state for model {model!r}")
-        state = {f"{kind}/{name}": self.full_tensor(model, kind, name) for kind, name in names}
+        state: dict[str, Any] = {
+            f"{kind}/{name}": self.full_tensor(model, kind, name) for kind, name in names
+        }
+        written = list(state)
+        if meta is not None:
+            state["__meta__"] = dict(meta)
         path.parent.mkdir(parents=True, exist_ok=True)
         torch.save(state, path)
-        return list(state)
+        return written
 
     def materialize(
         self, model: str, kind: str, params: Iterable[ParamSpec], tp: int, rank: int
@@ -303,22 +366,64 @@ class StateManager:
         """Copy a deployment's offloaded state into another node's manager (migration): its
         keys land in that node's host tier (spilling to disk there by its own plan)."""
         dep = self._dep(deployment)
+        tensors = {k: t for k, t in self.offloaded(deployment).items() if k not in other._home}
+        return other.adopt(deployment, dep.ranks, dep.keys, tensors, meta=dep.meta)
+
+    def offloaded(self, deployment: str) -> dict[StateKey, Any]:
+        """The deployment's canonical offloaded tensors, once per key (what a migration
+        carries to another node)."""
+        dep = self._dep(deployment)
         if dep.loaded:
             raise ConfigError(f"offload {deployment} before mirroring it")
-        copied = 0
-        for key in sorted({k for ks in dep.keys.values() for k in ks}):
-            if key in other._home:
-                continue
-            t = self._store(self._home[key]).get(key)
-            copied += other._home_put(key, t, Tier.HOST, keep=deployment)
-        target = other._deps.setdefault(deployment, _Deployment(deployment))
-        target.ranks, target.keys, target.loaded = (
-            dict(dep.ranks),
-            {r: list(k) for r, k in dep.keys.items()},
-            False,
-        )
-        other._shape.update({k: self._shape[k] for ks in dep.keys.values() for k in ks})
-        return copied
+        keys = sorted({k for ks in dep.keys.values() for k in ks})
+        return {k: self._store(self._home[k]).get(k) for k in keys}
+
+    def adopt(
+        self,
+        deployment: str,
+        ranks: Mapping[int, int],
+        keys: Mapping[int, Sequence[StateKey]],
+        tensors: Mapping[StateKey, Any],
+        meta: Mapping[str, Any] | None = None,
+    ) -> int:
+        """Take in a deployment migrated from another node, offloaded: `tensors` (keys not
+        held here yet) go to host, spilling to disk by the plan. Returns the bytes stored."""
+        if deployment in self._deps and self._deps[deployment].loaded:
+            raise ConfigError(f"{deployment} is loaded on this node already")
+        for gpu in ranks.values():
+            if not 0 <= gpu < len(self.devices):
+                raise ConfigError(f"no GPU {gpu} on this node ({len(self.devices)})")
+        need = {k for ks in keys.values() for k in ks}
+        missing = sorted(k for k in need if k not in self._home and k not in tensors)
+        if missing:
+            raise ConfigError(f"{deployment}: migrated without {missing[:3]}")
+        stored = 0
+        for key in sorted(tensors):
+            if key not in self._home:
+                stored += self._home_put(key, tensors[key], Tier.HOST, keep=deployment)
+                self._shape[key] = tuple(tensors[key].shape)
+        target = self._deps.setdefault(deployment, _Deployment(deployment))
+        target.ranks = dict(ranks)
+        target.keys = {r: list(k) for r, k in keys.items()}
+        target.loaded = False
+        target.meta = dict(meta or {})
+        return stored
+
+    def meta(self, deployment: str) -> dict[str, Any]:
+        """The owner's notes on a deployment (kept with its state, carried by a migration)."""
+        return self._dep(deployment).meta
+
+    def deployments(self) -> dict[str, dict[str, Any]]:
+        """Each deployment: loaded or not, its ranks' GPUs, and its unique keys' bytes by
+        the tier they are in."""
+        out = {}
+        for d in self._deps.values():
+            by_tier = {"device": 0, "host": 0, "disk": 0}
+            for key in {k for ks in d.keys.values() for k in ks}:
+                tier = self._home.get(key)
+                by_tier["device" if tier is None else tier.value] += self._size(key)
+            out[d.name] = {"loaded": d.loaded, "ranks": dict(d.ranks), "bytes": by_tier}
+        return out
 
     def stats(self) -> StateStats:
         by_tier = {
@@ -398,6 +503,17 @@ class StateManager:
             raise TierFull(store.tier, need, store.capacity)
         if need <= store.free:
             return
+        if isinstance(store, DeviceTier) and store.external:
+            # a worker's memory is its own: only its offload frees it
+            held = sorted(
+                d.name
+                for d in self._deps.values()
+                if d.loaded
+                and d.name != keep
+                and any(self.devices[g] is store for g in d.ranks.values())
+            )
+            note = f"resident there: {', '.join(held) or 'nothing'}; offload first"
+            raise TierFull(store.tier, need, store.free, note)
         for victim in self._victims(keep, runs_now=isinstance(store, DeviceTier)):
             if need <= store.free:
                 return

@@ -36,8 +36,10 @@ class Tier(StrEnum):
 class TierFull(Exception):
     """A put would take a tier past its capacity."""
 
-    def __init__(self, tier: Tier, need: int, free: int) -> None:
-        super().__init__(f"{tier} tier: {need} bytes asked, {free} free")
+    def __init__(self, tier: Tier, need: int, free: int, note: str = "") -> None:
+        super().__init__(
+            f"{tier} tier: {need} bytes asked, {free} free" + (f" ({note})" if note else "")
+        )
         self.tier, self.need, self.free = tier, need, free
 
 
@@ -131,21 +133,51 @@ class _MemoryTier(TierStore):
 
 
 class DeviceTier(_MemoryTier):
-    """The accelerator's memory; a CPU tier of the same capacity where there is none."""
+    """The accelerator's memory; a CPU tier of the same capacity where there is none.
+
+    `external`: the memory belongs to worker processes, not to the tier's owner (the node's
+    sidecar, §5.3): a put keeps the caller's tensor — a mapping of the worker's memory — as it
+    is, or copies into the buffer the worker exported for that key (`expect`), which is how
+    state is loaded into a worker's memory."""
 
     tier = Tier.DEVICE
 
-    def __init__(self, capacity: int, device: str | None = None) -> None:
+    def __init__(self, capacity: int, device: str | None = None, *, external: bool = False) -> None:
         super().__init__(capacity)
         torch = _torch()
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
+        self.external = external
+        self._targets: dict[Hashable, Any] = {}
+
+    def expect(self, key: Hashable, target: Any) -> None:
+        """The next put of `key` copies into `target` (a worker's exported buffer)."""
+        if not self.external:
+            raise ConfigError("only an external device tier takes workers' buffers")
+        self._targets[key] = target
 
     def _place(self, t: Any) -> Any:
-        if t.device == self.device:
-            return t.clone()  # the tier owns its copy: the caller may reuse its buffer
-        return t.to(self.device, non_blocking=False)
+        return t  # unused: put is overridden
+
+    def put(self, key: Hashable, t: Any) -> None:
+        target = self._targets.pop(key, None)
+        self._reserve(key, t)
+        if target is not None:
+            if tuple(target.shape) != tuple(t.shape) or target.dtype != t.dtype:
+                self._release(key)
+                raise ConfigError(
+                    f"{key!r}: the worker's buffer is {tuple(target.shape)} {target.dtype}, "
+                    f"the state is {tuple(t.shape)} {t.dtype}"
+                )
+            target.copy_(t)
+            self._data[key] = target
+        elif self.external:
+            self._data[key] = t  # a mapping of the worker's own memory
+        elif t.device == self.device:
+            self._data[key] = t.clone()  # the tier owns its copy: the caller may reuse its buffer
+        else:
+            self._data[key] = t.to(self.device, non_blocking=False)
 
 
 class HostTier(_MemoryTier):

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["TinyDecoder", "TinyDecoderSpec"]
+__all__ = ["TinyDecoder", "TinyDecoderSpec", "param_specs", "restore_items", "state_items"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,4 +72,42 @@ def state_items(model: nn.Module, optim: Any) -> dict[str, torch.Tensor]:
         for k, v in st.items():
             if isinstance(v, torch.Tensor):
                 out[f"optimizer/{names[id(p)]}/{k}"] = v
+    return out
+
+
+def restore_items(model: nn.Module, optim: Any, state: dict[str, torch.Tensor]) -> None:
+    """Put `state_items`-named tensors back: parameters copied in place, the optimizer's
+    per-parameter state set (created where the optimizer has none yet)."""
+    params = dict(model.named_parameters())
+    want = set(params)
+    with torch.no_grad():
+        for full, t in state.items():
+            kind, name = full.split("/", 1)
+            if kind == "weights":
+                if name not in params:
+                    raise KeyError(f"the checkpoint has {name!r}, the model does not")
+                params[name].copy_(t)
+                want.discard(name)
+            elif kind == "optimizer":
+                pname, key = name.rsplit("/", 1)
+                optim.state[params[pname]][key] = t.clone()
+    if want:
+        raise KeyError(f"the checkpoint lacks {sorted(want)[:3]}")
+
+
+def param_specs(model: nn.Module) -> list[Any]:
+    """The decoder's parameters as a tensor-parallel rollout layout splits them: the
+    attention output and the second MLP projection by input columns (row-parallel), every
+    other matrix by output rows (column-parallel), vectors replicated."""
+    from loom.state.weights.params import ParamSpec, ShardRule
+
+    out = []
+    for name, p in model.named_parameters():
+        if p.dim() < 2:
+            rule = ShardRule.REPLICATED
+        elif name.endswith(("out_proj.weight", "linear2.weight")):
+            rule = ShardRule.ROW
+        else:
+            rule = ShardRule.COLUMN
+        out.append(ParamSpec(name=name, shape=tuple(p.shape), rule=rule))
     return out

@@ -6,10 +6,16 @@ Operations: `forward` (log-probabilities of token sequences), `forward_backward`
 gradient loss, gradients averaged over the data-parallel ranks), `optim_step` (Adam),
 `generate` (greedy), `save_ckpt` / `load_ckpt`, `sync_weights` (the weights' version and
 digest, which every replica must agree on), and the state moves the scheduler inserts on a job
-change: `offload` (to host or disk) and `load`. State moves go through a StateManager: rank 0
-keeps the one canonical copy of the replicated state (data-parallel replicas are stored once)
-and broadcasts it back to every rank on `load`; while offloaded, a deployment refuses to
-compute (`nothing runs unless its state is on the device`).
+change: `offload` (to host or disk) and `load`. State moves go through the node's StateManager
+sidecar (`loom.state.sidecar`): every rank exports its memory and the sidecar copies each
+logical tensor once (data-parallel replicas are stored once); on `load` each rank gets fresh
+buffers the sidecar fills. While offloaded, a deployment refuses to compute (`nothing runs
+unless its state is on the device`). Checkpoints are materialised by the sidecar from the state
+it manages; `sync_weights` with a `tp` also cuts the rollout shards of a tensor-parallel layout
+from it, each target rank fetching only its slices.
+
+A group run alone starts a sidecar of its own; the cluster service gives every group on a node
+the node's sidecar (`state_address`).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from loom.core.errors import ConfigError
+from loom.state.sidecar import TOKEN_ENV, SidecarConfig, StateClient, StateSidecar
 
 __all__ = ["OPS", "WorkerError", "WorkerGroup", "WorkerGroupConfig"]
 
@@ -67,6 +74,8 @@ class WorkerGroupConfig:
     disk_bytes: int = 4 << 30
     state_dir: Path | None = None
     start_timeout_s: float = 120.0
+    state_address: str | None = None  # the node's sidecar; a private one when None
+    gpu_base: int = 0  # rank r holds the node's GPU gpu_base + r
 
     def __post_init__(self) -> None:
         if self.dp < 1:
@@ -88,6 +97,8 @@ class WorkerGroup:
     _conns: list[Connection] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _tmp: tempfile.TemporaryDirectory[str] | None = None
+    state_token: bytes | None = None  # the sidecar's, with config.state_address
+    _sidecar: StateSidecar | None = None  # a private one, when no address was given
     running: str | None = None  # the operation in flight, if any
     ops_run: int = 0
 
@@ -102,21 +113,37 @@ class WorkerGroup:
         else:
             state_dir = Path(cfg.state_dir)
         state_dir.mkdir(parents=True, exist_ok=True)
+        address = cfg.state_address
+        if address is None:
+            self._sidecar = StateSidecar(
+                SidecarConfig(
+                    gpus=cfg.gpu_base + cfg.dp,
+                    device_bytes=cfg.device_bytes,
+                    host_bytes=cfg.host_bytes,
+                    disk_bytes=cfg.disk_bytes,
+                    disk_dir=str(state_dir / "state"),
+                )
+            ).start()
+            address, self.state_token = self._sidecar.address, self._sidecar.token
+        elif self.state_token is None:
+            raise ConfigError(f"{cfg.name}: state_address needs the sidecar's state_token")
+        self._state_address = address
         key = secrets.token_bytes(16)
-        address = str(
+        sock = str(
             Path(tempfile.gettempdir()) / f"loom-wpg-{os.getpid()}-{secrets.token_hex(6)}.sock"
         )
         port = _free_port()
-        spec = json.dumps(asdict(cfg) | {"state_dir": str(state_dir)})
+        spec = json.dumps(asdict(cfg) | {"state_dir": str(state_dir), "state_address": address})
         by_rank: dict[int, Connection] = {}
-        with Listener(address, family="AF_UNIX", authkey=key) as listener:
+        with Listener(sock, family="AF_UNIX", authkey=key) as listener:
             for rank in range(cfg.dp):
                 env = dict(os.environ, LOOM_WPG_AUTHKEY=key.hex())
+                env[TOKEN_ENV] = self.state_token.hex()
                 cmd = [
                     sys.executable,
                     "-m",
                     "loom.runtime.cluster.wpg",
-                    address,
+                    sock,
                     str(rank),
                     str(port),
                     spec,
@@ -160,6 +187,12 @@ class WorkerGroup:
     @property
     def alive(self) -> bool:
         return bool(self._procs) and all(p.poll() is None for p in self._procs)
+
+    def state(self, op: str, **kw: Any) -> list[Any]:
+        """A call on the sidecar(s) holding this group's state, one result per node."""
+        assert self.state_token is not None, "start the group first"
+        with StateClient(self._state_address, self.state_token, timeout_s=600) as c:
+            return [c.call(op, **kw)]
 
     @property
     def pids(self) -> list[int]:
@@ -205,6 +238,7 @@ class WorkerGroup:
             self._lock.release()
 
     def close(self) -> None:
+        """Stop the ranks and drop the deployment's state from the sidecar."""
         for conn in self._conns:
             with contextlib.suppress(Exception):
                 conn.send(("exit", {}))
@@ -217,6 +251,11 @@ class WorkerGroup:
         for conn in self._conns:
             conn.close()
         self._procs, self._conns = [], []
+        if self._sidecar is not None:
+            self._sidecar.close()
+            self._sidecar = None
+        elif self.state_token is not None and getattr(self, "_state_address", None):
+            drop_state(self._state_address, self.state_token, self.config.name)
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
@@ -228,13 +267,19 @@ class WorkerGroup:
         self.close()
 
 
+def drop_state(address: str, token: bytes, name: str) -> None:
+    """Forget a deployment on its node's sidecar (it is gone; nothing it held is needed)."""
+    with contextlib.suppress(Exception), StateClient(address, token, timeout_s=10) as c:
+        c.call("drop", dep=name)
+
+
 # ---- the worker process --------------------------------------------------------------------
 
 
-def _worker_main(cfg: dict[str, Any], rank: int, port: int, conn: Connection) -> None:
+def _worker_main(cfg: dict[str, Any], rank: int, port: int, conn: Connection, token: bytes) -> None:
     conn.send({"rank": rank})
     try:
-        worker = _Worker(cfg, rank, port)
+        worker = _Worker(cfg, rank, port, token)
     except Exception:
         conn.send({"error": traceback.format_exc(limit=3)})
         return
@@ -255,13 +300,23 @@ def _worker_main(cfg: dict[str, Any], rank: int, port: int, conn: Connection) ->
 
 class _Worker:
     def __init__(
-        self, cfg: dict[str, Any], rank: int, port: int, master: str = "127.0.0.1"
+        self,
+        cfg: dict[str, Any],
+        rank: int,
+        port: int,
+        token: bytes,
+        master: str = "127.0.0.1",
+        *,
+        local: tuple[int, int] | None = None,
+        gpu: int | None = None,
     ) -> None:
+        """`local`: (this rank's index, the deployment's ranks) on its node's sidecar, and
+        `gpu` the node's GPU it holds; by default every rank is on one node, on GPU
+        gpu_base + rank."""
         import torch
         import torch.distributed as dist
 
         from loom.runtime.cluster.model import TinyDecoder, TinyDecoderSpec
-        from loom.state.manager import StateManager
 
         torch.set_num_threads(1)
         self.torch, self.dist = torch, dist
@@ -281,18 +336,12 @@ class _Worker:
         self.optim = torch.optim.Adam(self.model.parameters(), lr=cfg["lr"])
         self.step = 0
         self.resident = True
-        self.sm = StateManager(
-            gpus=1,
-            device_bytes=cfg["device_bytes"],
-            host_bytes=cfg["host_bytes"],
-            disk_bytes=cfg["disk_bytes"],
-            disk_dir=Path(cfg["state_dir"]) / f"rank{rank}",
-            device="cpu",
-        )
-        self._registered: tuple[str, ...] = ()
-        self._shapes: dict[Any, tuple[int, ...]] = {}
+        self.local_rank, self.local_world = local or (rank, self.world)
+        self.gpu = int(cfg["gpu_base"]) + self.local_rank if gpu is None else gpu
+        self.sc = StateClient(cfg["state_address"], token)
 
     def close(self) -> None:
+        self.sc.close()
         with contextlib.suppress(Exception):
             self.dist.destroy_process_group()
 
@@ -359,34 +408,65 @@ class _Worker:
         )
         return {"tokens": self._gather_rows(local, len(ids))}
 
+    def _bind(self) -> None:
+        """Show the sidecar this rank's state as it is now (collective over the ranks)."""
+        self.sc.bind(
+            self.name, self.local_rank, self.local_world, self.gpu, self._state(),
+            meta={"step": self.step},
+        )  # fmt: skip
+
     def _save_ckpt(self, p: dict[str, Any]) -> dict[str, Any]:
+        """A checkpoint materialised by the sidecar from the state it manages (§4.5.3)."""
         path = Path(p["path"])
-        if self.rank == 0:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self.torch.save(
-                {
-                    "model": self.model.state_dict(),
-                    "optim": self.optim.state_dict(),
-                    "step": self.step,
-                },
-                path,
-            )
+        self._bind()
+        out: dict[str, Any] = {"path": str(path), "step": self.step}
+        if self.local_rank == 0 and self.rank == 0:
+            out |= self.sc.call("checkpoint", dep=self.name, path=str(path))
         self.dist.barrier()
-        return {"path": str(path), "step": self.step, "bytes": path.stat().st_size}
+        return out
 
     def _load_ckpt(self, p: dict[str, Any]) -> dict[str, Any]:
+        """Read a checkpoint the sidecar wrote ({kind/name: tensor}, with the step)."""
+        from loom.runtime.cluster.model import restore_items
+
         state = self.torch.load(Path(p["path"]), weights_only=False)
-        self.model.load_state_dict(state["model"])
-        self.optim.load_state_dict(state["optim"])
-        self.step = int(state["step"])
+        meta = state.pop("__meta__", {})
+        restore_items(self.model, self.optim, state)
+        self.step = int(meta.get("step", 0))
         return {"step": self.step}
 
     def _sync_weights(self, p: dict[str, Any]) -> dict[str, Any]:
+        """The weights' version and digest (every replica must agree); with `tp`, also the
+        shards a rollout layout of that tensor-parallel degree loads, cut by the sidecar from
+        the managed state: each target rank fetches only its slices."""
+        from loom.runtime.cluster.model import param_specs
+
         h = hashlib.sha256()
         for name, t in sorted(self.model.state_dict().items()):
             h.update(name.encode())
             h.update(t.detach().contiguous().view(-1).view(self.torch.uint8).numpy().tobytes())
-        return {"version": self.step, "digest": h.hexdigest()}
+        out: dict[str, Any] = {"version": self.step, "digest": h.hexdigest()}
+        tp = p.get("tp")
+        if tp is None:
+            return out
+        specs = param_specs(self.model)
+        self._bind()
+        if self.rank == 0:
+            fetched, digests = [], []
+            for r in range(int(tp)):
+                shards, n = self.sc.call(
+                    "materialize", model=self.name, kind="weights", params=specs, tp=int(tp), rank=r
+                )
+                fetched.append(int(n))
+                d = hashlib.sha256()
+                for name in sorted(shards):
+                    d.update(name.encode())
+                    d.update(
+                        shards[name].contiguous().view(-1).view(self.torch.uint8).numpy().tobytes()
+                    )
+                digests.append(d.hexdigest())
+            out["reshard"] = {"tp": int(tp), "fetched_bytes": fetched, "shard_digests": digests}
+        return out
 
     # ---- state moves ------------------------------------------------------------------------
     def _state(self) -> dict[Any, Any]:
@@ -400,47 +480,27 @@ class _Worker:
         return out
 
     def _offload(self, p: dict[str, Any]) -> dict[str, Any]:
-        from loom.state.tiers import Tier
-
+        """Every rank exports its state to the sidecar, which keeps one copy of each tensor;
+        then the ranks free their memory."""
         if not self.resident:
             return {"bytes": 0}
-        torch = self.torch
         state = self._state()
-        written = 0
-        if self.rank == 0:  # the one canonical copy of replicated state
-            keys = tuple(sorted(str(k) for k in state))
-            if self._registered and self._registered != keys:
-                self.sm.drop(self.name)
-                self._registered = ()
-            if not self._registered:
-                self.sm.register(self.name, 0, 0, state)
-                self._registered = keys
-            elif not self.sm._deps[self.name].loaded:
-                raise RuntimeError("state manager and worker disagree on residency")
-            written = self.sm.offload(self.name, Tier(p.get("tier", "host")))
-        self._shapes = {k: tuple(t.shape) for k, t in state.items()}
+        written = self.sc.offload(
+            self.name, self.local_rank, self.local_world, self.gpu, state,
+            tier=p.get("tier", "host"), meta={"step": self.step},
+        )  # fmt: skip
         for t in state.values():  # free the deployment's memory on every rank
-            t.data = torch.empty(0, dtype=t.dtype)
+            t.data = self.torch.empty(0, dtype=t.dtype)
         self.resident = False
-        self.dist.barrier()
         return {"bytes": written}
 
     def _load(self, p: dict[str, Any]) -> dict[str, Any]:
+        """Fresh buffers on every rank, filled by the sidecar."""
         if self.resident:
             return {"bytes": 0}
-        torch = self.torch
-        read = 0
-        if self.rank == 0:
-            read = self.sm.load(self.name)
-            held = self.sm.tensors(self.name, 0)
-        live = self._state()
-        for key in sorted(live, key=str):
-            t = live[key]
-            if self.rank == 0:
-                t.data = held[key]
-            else:
-                t.data = torch.empty(self._shapes[key], dtype=t.dtype)
-            self.dist.broadcast(t.data, src=0)
+        views, read = self.sc.load(self.name, self.local_rank, self.local_world)
+        for key, t in self._state().items():
+            t.data = views[key]
         self.resident = True
         return {"bytes": read}
 
@@ -449,8 +509,9 @@ def main(argv: list[str]) -> None:
     """A worker process: connect back to the group's listener, then serve operations."""
     address, rank, port, spec = argv[0], int(argv[1]), int(argv[2]), json.loads(argv[3])
     key = bytes.fromhex(os.environ.pop("LOOM_WPG_AUTHKEY"))
+    token = bytes.fromhex(os.environ.pop(TOKEN_ENV))
     conn = Client(address, family="AF_UNIX", authkey=key)
-    _worker_main(spec, rank, port, conn)
+    _worker_main(spec, rank, port, conn, token)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,628 @@
+"""The StateManager as a per-node sidecar daemon (PlexRL §5.3).
+
+One process per node owns a `StateManager` — every tensor's residency on that node — and
+serves the node's worker processes and the scheduler over a Unix domain socket (and, for
+migration between nodes, optionally TCP):
+
+* **Data plane, synchronous.** A worker *exports* its memory instead of sending bytes: CUDA
+  tensors as CUDA IPC handles (`torch.multiprocessing.reductions`), CPU tensors as a shared-
+  memory file the two processes map. The sidecar is the active transfer endpoint: it maps the
+  export, does the copy (device → pinned host on an offload, host → device on a load) and
+  answers only when the copy is done, so a returned call means the state is where it was asked
+  to be. An offload or load is collective over a deployment's ranks on the node: the sidecar
+  waits for every rank's export, then moves each logical key once (data-parallel replicas are
+  stored once) and answers them all.
+* **Control plane.** The scheduler's plan (`plan`: eviction reads it), `prefetch` before a
+  predicted switch, `stats`, checkpoints materialised from managed state (offloaded or not),
+  rollout shards for another tensor-parallel layout (`materialize`), and `mirror`: a
+  deployment's offloaded state sent to another node's sidecar, which `adopt`s it.
+
+Copies and every call on the StateManager run on one data-plane thread, in arrival order; the
+event loop only frames messages and gathers the ranks of a collective call.
+
+Messages are length-prefixed pickles, and a connection is trusted only after its first frame —
+the sidecar's token, compared in constant time — so nothing from an unauthenticated peer is
+ever unpickled. The socket lives in a private 0700 directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import hmac
+import json
+import os
+import pickle
+import secrets
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from loom.core.errors import ConfigError
+from loom.state.manager import StateKey, StateManager
+from loom.state.tiers import Tier, nbytes
+
+__all__ = ["SidecarConfig", "StateClient", "StateError", "StateSidecar", "serve"]
+
+TOKEN_ENV = "LOOM_STATE_TOKEN"
+_HEADER = struct.Struct("!Q")
+_ALIGN = 64  # every tensor in a shared-memory export starts on a 64-byte boundary
+_MAX_FRAME = 1 << 40
+
+
+class StateError(RuntimeError):
+    """The sidecar refused or failed a call (its message says why)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SidecarConfig:
+    gpus: int = 1
+    device_bytes: int = 256 << 20
+    host_bytes: int = 1 << 30
+    disk_bytes: int = 4 << 30
+    disk_dir: str = ""  # a private temporary directory when empty
+    device: str | None = None  # "cuda" where there is one, else "cpu"
+    pin_host: bool | None = None  # pinned host memory where CUDA is present
+    tcp_host: str | None = None  # also listen on TCP (host, a free port): peers migrate here
+    collective_timeout_s: float = 120.0
+    start_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.gpus < 1:
+            raise ConfigError(f"a sidecar needs gpus >= 1, got {self.gpus}")
+        if min(self.device_bytes, self.host_bytes, self.disk_bytes) < 0:
+            raise ConfigError("tier capacities must be >= 0 bytes")
+
+
+# ---- framing -------------------------------------------------------------------------------
+
+
+def _send_frame(sock: socket.socket, data: bytes) -> None:
+    sock.sendall(_HEADER.pack(len(data)) + data)
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            raise StateError("the sidecar closed the connection")
+        got += k
+    return bytes(buf)
+
+
+def _recv_frame(sock: socket.socket) -> bytes:
+    (n,) = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
+    if n > _MAX_FRAME:
+        raise StateError(f"a frame of {n} bytes")
+    return _recv_exact(sock, n)
+
+
+async def _read_frame(reader: asyncio.StreamReader) -> bytes:
+    (n,) = _HEADER.unpack(await reader.readexactly(_HEADER.size))
+    if n > _MAX_FRAME:
+        raise StateError(f"a frame of {n} bytes")
+    return await reader.readexactly(n)
+
+
+# ---- exports: a worker's memory, mapped by the sidecar ----------------------------------------
+
+
+def _shm_dir() -> str:
+    d = "/dev/shm"
+    return d if os.path.isdir(d) and os.access(d, os.W_OK) else tempfile.gettempdir()
+
+
+class _ShmBlock:
+    """One shared-memory file holding several tensors at aligned offsets (one per transfer)."""
+
+    def __init__(self, sizes: list[int]) -> None:
+        import torch
+
+        self.offsets = []
+        total = 0
+        for n in sizes:
+            self.offsets.append(total)
+            total += -(-max(n, 1) // _ALIGN) * _ALIGN
+        self.path = os.path.join(_shm_dir(), f"loom-state-{os.getpid()}-{secrets.token_hex(8)}")
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(fd, max(total, 1))
+        finally:
+            os.close(fd)
+        self.buf = torch.from_file(self.path, shared=True, size=max(total, 1), dtype=torch.uint8)
+
+    def view(self, i: int, shape: tuple[int, ...], dtype: Any) -> Any:
+        import torch
+
+        n = _numel(shape) * torch.empty((), dtype=dtype).element_size()
+        off = self.offsets[i]
+        return self.buf[off : off + n].view(dtype).view(shape)
+
+    def unlink(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def export_tensors(
+    tensors: Mapping[StateKey, Any],
+) -> tuple[dict[StateKey, Any], Callable[[], None]]:
+    """What the sidecar needs to map `tensors`: CUDA IPC handles for CUDA tensors; CPU ones are
+    copied into one shared-memory file. Call the returned cleanup once the sidecar answered."""
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    out: dict[StateKey, Any] = {}
+    cpu = [k for k, t in tensors.items() if not t.is_cuda]
+    for k, t in tensors.items():
+        if t.is_cuda:
+            out[k] = ("cuda", reduce_tensor(t.detach()))
+    if not cpu:
+        return out, lambda: None
+    block = _ShmBlock([nbytes(tensors[k]) for k in cpu])
+    for i, k in enumerate(cpu):
+        t = tensors[k]
+        block.view(i, tuple(t.shape), t.dtype).copy_(t.detach())
+        out[k] = ("shm", block.path, block.offsets[i], tuple(t.shape), t.dtype)
+    return out, block.unlink
+
+
+def alloc_targets(
+    metas: Mapping[StateKey, tuple[tuple[int, ...], Any]], device: str = "cpu"
+) -> tuple[dict[StateKey, Any], dict[StateKey, Any], Callable[[], None]]:
+    """Fresh buffers for a load, exported for the sidecar to fill: (the worker's tensors, the
+    exports, cleanup). On the CPU the tensors are views of one shared-memory file."""
+    import torch
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    keys = sorted(metas)
+    if device != "cpu":
+        views = {k: torch.empty(metas[k][0], dtype=metas[k][1], device=device) for k in keys}
+        return views, {k: ("cuda", reduce_tensor(v)) for k, v in views.items()}, lambda: None
+    sizes = [_numel(metas[k][0]) * torch.empty((), dtype=metas[k][1]).element_size() for k in keys]
+    block = _ShmBlock(sizes)
+    views, exports = {}, {}
+    for i, k in enumerate(keys):
+        shape, dtype = metas[k]
+        views[k] = block.view(i, tuple(shape), dtype)
+        exports[k] = ("shm", block.path, block.offsets[i], tuple(shape), dtype)
+    return views, exports, block.unlink
+
+
+class _Mapper:
+    """The sidecar's side of the exports of one call (each shared-memory file mapped once)."""
+
+    def __init__(self) -> None:
+        self._files: dict[str, Any] = {}
+
+    def __call__(self, export: Any) -> Any:
+        import torch
+
+        kind = export[0]
+        if kind == "cuda":
+            rebuild, args = export[1]
+            return rebuild(*args)
+        if kind == "shm":
+            _, path, offset, shape, dtype = export
+            buf = self._files.get(path)
+            if buf is None:
+                size = os.path.getsize(path)
+                buf = torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
+                self._files[path] = buf
+            n = _numel(shape) * torch.empty((), dtype=dtype).element_size()
+            return buf[offset : offset + n].view(dtype).view(shape)
+        raise StateError(f"unknown export kind {kind!r}")
+
+
+# ---- the daemon ------------------------------------------------------------------------------
+
+
+@dataclass
+class _Gather:
+    world: int
+    items: dict[int, dict[str, Any]] = field(default_factory=dict)
+    done: asyncio.Future[dict[int, Any]] | None = None
+
+
+class _Server:
+    def __init__(self, sm: StateManager, token: bytes, cfg: SidecarConfig, address: str) -> None:
+        self.sm, self.token, self.cfg, self.address = sm, token, cfg, address
+        self._plane = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="loom-state")
+        self._gathers: dict[tuple[str, str], _Gather] = {}
+        self._stop = asyncio.Event()
+        self.tcp_address: str | None = None
+
+    # ---- connections ----------------------------------------------------------------------
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            hello = await asyncio.wait_for(_read_frame(reader), 10)
+            if not hmac.compare_digest(hello, self.token):
+                return  # not ours: nothing it sent is unpickled
+            while True:
+                try:
+                    frame = await _read_frame(reader)
+                except asyncio.IncompleteReadError:
+                    return
+                req = pickle.loads(frame)
+                try:
+                    reply = {"result": await self.dispatch(req)}
+                except Exception as exc:  # every refusal goes back to the caller, said plainly
+                    reply = {"error": f"{type(exc).__name__}: {exc}"}
+                data = pickle.dumps(reply, protocol=5)
+                writer.write(_HEADER.pack(len(data)) + data)
+                await writer.drain()
+        except (ConnectionError, TimeoutError, asyncio.IncompleteReadError, StateError):
+            return
+        except asyncio.CancelledError:
+            return  # the sidecar is shutting down
+        finally:
+            writer.close()
+
+    async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._plane, fn, *args)
+
+    async def dispatch(self, req: dict[str, Any]) -> Any:
+        op = req.get("op")
+        sm = self.sm
+        if op == "hello":
+            return {"pid": os.getpid(), "tcp": self.tcp_address}
+        if op in ("offload", "load", "bind"):
+            return await self._collective(op, req)
+        if op == "plan":
+            return await self._run(sm.set_plan, list(req["upcoming"]))
+        if op == "use":
+            return await self._run(sm.use, req["dep"], float(req["now"]))
+        if op == "prefetch":
+            return await self._run(sm.prefetch, req["dep"])
+        if op == "drop":
+            return await self._run(sm.drop, req["dep"])
+        if op == "keys":
+            return await self._run(sm.keys_of, req["dep"], int(req["rank"]))
+        if op == "stats":
+            return await self._run(self._stats)
+        if op == "checkpoint":
+            return await self._run(self._checkpoint, req["dep"], Path(req["path"]))
+        if op == "materialize":
+            return await self._run(
+                sm.materialize, req["model"], req["kind"], req["params"], req["tp"], req["rank"]
+            )
+        if op == "mirror":
+            return await self._run(self._mirror, req["dep"], req["to"], req["token"])
+        if op == "adopt":
+            return await self._run(
+                sm.adopt, req["dep"], req["ranks"], req["keys"], req["tensors"], req["meta"]
+            )
+        if op == "shutdown":
+            self._stop.set()
+            return True
+        raise StateError(f"unknown call {op!r}")
+
+    async def _collective(self, op: str, req: dict[str, Any]) -> Any:
+        """Wait for every rank of the deployment on this node, run the move once, answer each."""
+        key = (op, str(req["dep"]))
+        rank, world = int(req["rank"]), int(req["world"])
+        g = self._gathers.get(key)
+        if g is None:
+            g = self._gathers[key] = _Gather(world, done=asyncio.get_running_loop().create_future())
+        if g.world != world:
+            raise StateError(f"{key[1]} {op}: rank {rank} says {world} ranks, others {g.world}")
+        if rank in g.items or not 0 <= rank < world:
+            raise StateError(f"{key[1]} {op}: rank {rank} twice, or not in 0..{world - 1}")
+        g.items[rank] = req
+        assert g.done is not None
+        if len(g.items) == world:
+            del self._gathers[key]
+            try:
+                g.done.set_result(await self._run(getattr(self, f"_{op}"), g.items))
+            except Exception as exc:
+                g.done.set_exception(exc)
+        try:
+            replies = await asyncio.wait_for(asyncio.shield(g.done), self.cfg.collective_timeout_s)
+        except TimeoutError:
+            if self._gathers.get(key) is g:
+                del self._gathers[key]  # a late rank starts a gather of its own, and times out
+            missing = sorted(set(range(world)) - set(g.items))
+            raise StateError(f"{key[1]} {op}: ranks {missing} never came") from None
+        return replies[rank]
+
+    # ---- data plane (on the one data-plane thread) -----------------------------------------
+    def _bind_all(self, items: dict[int, dict[str, Any]]) -> None:
+        mapper = _Mapper()
+        for rank in sorted(items):
+            req = items[rank]
+            views = {k: mapper(e) for k, e in req["exports"].items()}
+            self.sm.bind(req["dep"], rank, int(req["gpu"]), views)
+        meta = items[min(items)].get("meta")
+        if meta:
+            self.sm.meta(items[min(items)]["dep"]).update(meta)
+
+    def _bind(self, items: dict[int, dict[str, Any]]) -> dict[int, Any]:
+        self._bind_all(items)
+        return {r: True for r in items}
+
+    def _offload(self, items: dict[int, dict[str, Any]]) -> dict[int, Any]:
+        self._bind_all(items)
+        first = items[min(items)]
+        written = self.sm.offload(first["dep"], Tier(first.get("tier", "host")))
+        self._sync()
+        return {r: {"bytes": written if r == min(items) else 0} for r in items}
+
+    def _load(self, items: dict[int, dict[str, Any]]) -> dict[int, Any]:
+        mapper = _Mapper()
+        dep = items[min(items)]["dep"]
+        for rank in sorted(items):
+            targets = {k: mapper(e) for k, e in items[rank]["exports"].items()}
+            self.sm.expect(dep, rank, targets)
+        read = self.sm.load(dep)
+        self._sync()
+        return {r: {"bytes": read if r == min(items) else 0} for r in items}
+
+    @staticmethod
+    def _sync() -> None:
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()  # a returned call means the copy is done
+
+    def _stats(self) -> dict[str, Any]:
+        st = self.sm.stats()
+        return {
+            "bytes_by_tier": st.bytes_by_tier,
+            "unique_logical_bytes": st.unique_logical_bytes,
+            "moved_bytes": st.moved_bytes,
+            "capacity": {
+                "device": [d.capacity for d in self.sm.devices],
+                "host": self.sm.host.capacity,
+                "disk": self.sm.disk.capacity,
+            },
+            "pinned_host": self.sm.host.pinned,
+            "direct_io": self.sm.disk.direct_io,
+            "plan": list(self.sm._plan),
+            "deployments": self.sm.deployments(),
+        }
+
+    def _checkpoint(self, dep: str, path: Path) -> dict[str, Any]:
+        names = self.sm.checkpoint(dep, path, meta=self.sm.meta(dep))
+        return {"path": str(path), "tensors": len(names), "bytes": path.stat().st_size}
+
+    def _mirror(self, dep: str, to: str, token: str) -> int:
+        if to in (self.address, self.tcp_address):
+            raise StateError("a deployment is mirrored to another node's sidecar, not its own")
+        d = self.sm._dep(dep)
+        tensors = self.sm.offloaded(dep)
+        with StateClient(to, bytes.fromhex(token)) as peer:
+            stored = peer.call(
+                "adopt", dep=dep, ranks=d.ranks, keys=d.keys, tensors=tensors, meta=d.meta
+            )
+        return int(stored)
+
+
+def serve(address: str, cfg: SidecarConfig, token: bytes) -> None:
+    """Run a sidecar until it is told to shut down (the body of `python -m loom.state.sidecar`)."""
+    disk = Path(cfg.disk_dir) if cfg.disk_dir else Path(tempfile.mkdtemp(prefix="loom-state-"))
+    sm = StateManager(
+        gpus=cfg.gpus,
+        device_bytes=cfg.device_bytes,
+        host_bytes=cfg.host_bytes,
+        disk_bytes=cfg.disk_bytes,
+        disk_dir=disk,
+        device=cfg.device,
+        pin_host=cfg.pin_host,
+        external_device=True,
+    )
+    server = _Server(sm, token, cfg, address)
+
+    async def main() -> None:
+        unix = await asyncio.start_unix_server(server.handle, path=address)
+        os.chmod(address, 0o600)
+        servers = [unix]
+        if cfg.tcp_host:
+            tcp = await asyncio.start_server(server.handle, cfg.tcp_host, 0)
+            host, port = tcp.sockets[0].getsockname()[:2]
+            server.tcp_address = f"tcp://{host}:{port}"
+            servers.append(tcp)
+        await server._stop.wait()
+        for s in servers:
+            s.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        server._plane.shutdown(wait=True)
+        if not cfg.disk_dir:
+            shutil.rmtree(disk, ignore_errors=True)
+
+
+# ---- the client ------------------------------------------------------------------------------
+
+
+class StateClient:
+    """A blocking connection to a sidecar (one per worker rank or scheduler): a call returns
+    once the sidecar has done it. `address` is a socket path, or tcp://host:port."""
+
+    def __init__(self, address: str, token: bytes, timeout_s: float | None = None) -> None:
+        self.address = address
+        if address.startswith("tcp://"):
+            host, port = address[len("tcp://") :].rsplit(":", 1)
+            self._sock = socket.create_connection((host, int(port)), timeout=timeout_s)
+        else:
+            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self._sock.settimeout(timeout_s)
+            self._sock.connect(address)
+        self._lock = threading.Lock()
+        try:
+            _send_frame(self._sock, token)
+        except OSError:
+            self._sock.close()
+            raise
+
+    def call(self, op: str, **kw: Any) -> Any:
+        with self._lock:
+            _send_frame(self._sock, pickle.dumps({"op": op, **kw}, protocol=5))
+            reply = pickle.loads(_recv_frame(self._sock))
+        if "error" in reply:
+            raise StateError(f"sidecar {op}: {reply['error']}")
+        return reply["result"]
+
+    # the worker's side of the data plane
+    def offload(
+        self,
+        dep: str,
+        rank: int,
+        world: int,
+        gpu: int,
+        tensors: Mapping[StateKey, Any],
+        tier: str = "host",
+        meta: Mapping[str, Any] | None = None,
+    ) -> int:
+        exports, cleanup = export_tensors(tensors)
+        try:
+            reply = self.call(
+                "offload",
+                dep=dep,
+                rank=rank,
+                world=world,
+                gpu=gpu,
+                exports=exports,
+                tier=tier,
+                meta=dict(meta or {}),
+            )
+        finally:
+            cleanup()
+        return int(reply["bytes"])
+
+    def bind(
+        self,
+        dep: str,
+        rank: int,
+        world: int,
+        gpu: int,
+        tensors: Mapping[StateKey, Any],
+        meta: Mapping[str, Any] | None = None,
+    ) -> None:
+        exports, cleanup = export_tensors(tensors)
+        try:
+            self.call(
+                "bind",
+                dep=dep,
+                rank=rank,
+                world=world,
+                gpu=gpu,
+                exports=exports,
+                meta=dict(meta or {}),
+            )
+        finally:
+            cleanup()
+
+    def load(
+        self, dep: str, rank: int, world: int, device: str = "cpu"
+    ) -> tuple[dict[StateKey, Any], int]:
+        """Rank `rank`'s state, in fresh buffers the sidecar filled, and the bytes read."""
+        metas = self.call("keys", dep=dep, rank=rank)
+        views, exports, cleanup = alloc_targets(metas, device)
+        try:
+            reply = self.call("load", dep=dep, rank=rank, world=world, exports=exports)
+        finally:
+            cleanup()
+        return views, int(reply["bytes"])
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._sock.close()
+
+    def __enter__(self) -> StateClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class StateSidecar:
+    """Start and stop a node's sidecar process (`python -m loom.state.sidecar`)."""
+
+    def __init__(self, config: SidecarConfig | None = None) -> None:
+        self.config = config or SidecarConfig()
+        self.token = secrets.token_bytes(16)
+        self._dir = tempfile.mkdtemp(prefix="loom-sidecar-")
+        os.chmod(self._dir, 0o700)
+        self.address = os.path.join(self._dir, "state.sock")
+        self.tcp_address: str | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> StateSidecar:
+        env = dict(os.environ, **{TOKEN_ENV: self.token.hex()})
+        cmd = [sys.executable, "-m", "loom.state.sidecar", self.address,
+               json.dumps(asdict(self.config))]  # fmt: skip
+        self._proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + self.config.start_timeout_s
+        while True:
+            if self._proc.poll() is not None:
+                self.close()
+                raise StateError(f"the sidecar exited at start (code {self._proc.returncode})")
+            if os.path.exists(self.address):
+                try:
+                    with self.client(timeout_s=5) as c:
+                        self.tcp_address = c.call("hello")["tcp"]
+                    return self
+                except OSError:
+                    pass
+            if time.monotonic() > deadline:
+                self.close()
+                raise StateError(f"the sidecar did not start in {self.config.start_timeout_s} s")
+            time.sleep(0.05)
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def client(self, timeout_s: float | None = None) -> StateClient:
+        return StateClient(self.address, self.token, timeout_s)
+
+    def close(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            with contextlib.suppress(Exception), self.client(timeout_s=5) as c:
+                c.call("shutdown")
+            try:
+                self._proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait(5)
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def __enter__(self) -> StateSidecar:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def main(argv: list[str]) -> None:
+    address, spec = argv[0], json.loads(argv[1])
+    token = bytes.fromhex(os.environ.pop(TOKEN_ENV))
+    serve(address, SidecarConfig(**spec), token)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
