@@ -56,7 +56,7 @@ def ranks(world: int, fn: Callable[[int, StateClient], Any], sc: StateSidecar) -
         try:
             with sc.client(timeout_s=60) as c:
                 out[r] = fn(r, c)
-        except BaseException as exc:  # noqa: BLE001 - surfaced below
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=one, args=(r,)) for r in range(world)]
@@ -89,7 +89,7 @@ def test_ranks_offload_once_per_key_and_load_back_bit_identical(sidecar: StateSi
     assert st["unique_logical_bytes"] == nbytes(state)
     loaded = ranks(2, lambda r, c: c.load("a", r, 2), sidecar)
     for r in (0, 1):
-        views, _ = loaded[r]
+        views = loaded[r].views
         assert set(views) == set(state)
         for k, v in state.items():
             assert torch.equal(views[k], v)
@@ -146,7 +146,7 @@ def test_the_plan_decides_what_spills_and_prefetch_brings_it_up(sidecar: StateSi
             "b": 0,
             "c": spilled,  # c made room for b: it is never used again
         }
-    views, _ = ranks(1, lambda r, c: c.load("b", 0, 1), sidecar)[0]
+    views = ranks(1, lambda r, c: c.load("b", 0, 1), sidecar)[0].views
     assert all(torch.equal(views[k], v) for k, v in states["b"].items())
 
 
@@ -194,7 +194,8 @@ def test_migration_mirrors_offloaded_state_to_another_nodes_sidecar(
         assert copied == nbytes(state)
         loaded = ranks(2, lambda r, c: c.load("job", r, 2), other)
         for r in (0, 1):
-            assert all(torch.equal(loaded[r][0][k], v) for k, v in state.items())
+            assert all(torch.equal(loaded[r].views[k], v) for k, v in state.items())
+            assert loaded[r].meta == {"step": 3}  # the notes travel with the state
         with other.client() as c:
             assert c.call("stats")["deployments"]["job"]["loaded"]
 
@@ -206,7 +207,7 @@ def test_on_a_gpu_the_sidecar_copies_through_cuda_ipc(tmp_path: Path) -> None:
         ranks(1, lambda r, c: c.offload("g", 0, 1, 0, state), sc)
         with sc.client() as c:
             assert c.call("stats")["pinned_host"]
-        views, read = ranks(1, lambda r, c: c.load("g", 0, 1, device="cuda"), sc)[0]
+        views, read, _ = ranks(1, lambda r, c: c.load("g", 0, 1, device="cuda"), sc)[0]
         assert read == nbytes(state)
         for k, v in state.items():
             assert views[k].is_cuda and torch.equal(views[k], v)

@@ -46,13 +46,13 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from loom.core.errors import ConfigError
 from loom.state.manager import StateKey, StateManager
 from loom.state.tiers import Tier, nbytes
 
-__all__ = ["SidecarConfig", "StateClient", "StateError", "StateSidecar", "serve"]
+__all__ = ["Loaded", "SidecarConfig", "StateClient", "StateError", "StateSidecar", "serve"]
 
 TOKEN_ENV = "LOOM_STATE_TOKEN"
 _HEADER = struct.Struct("!Q")
@@ -62,6 +62,15 @@ _MAX_FRAME = 1 << 40
 
 class StateError(RuntimeError):
     """The sidecar refused or failed a call (its message says why)."""
+
+
+class Loaded(NamedTuple):
+    """A rank's state after a load: its tensors (fresh buffers the sidecar filled), the bytes
+    the sidecar read, and the owner's notes kept with the state (a training step)."""
+
+    views: dict[StateKey, Any]
+    bytes: int
+    meta: dict[str, Any]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -373,7 +382,8 @@ class _Server:
             self.sm.expect(dep, rank, targets)
         read = self.sm.load(dep)
         self._sync()
-        return {r: {"bytes": read if r == min(items) else 0} for r in items}
+        meta = dict(self.sm.meta(dep))
+        return {r: {"bytes": read if r == min(items) else 0, "meta": meta} for r in items}
 
     @staticmethod
     def _sync() -> None:
@@ -532,17 +542,15 @@ class StateClient:
         finally:
             cleanup()
 
-    def load(
-        self, dep: str, rank: int, world: int, device: str = "cpu"
-    ) -> tuple[dict[StateKey, Any], int]:
-        """Rank `rank`'s state, in fresh buffers the sidecar filled, and the bytes read."""
+    def load(self, dep: str, rank: int, world: int, device: str = "cpu") -> Loaded:
+        """Rank `rank`'s state, in fresh buffers the sidecar filled."""
         metas = self.call("keys", dep=dep, rank=rank)
         views, exports, cleanup = alloc_targets(metas, device)
         try:
             reply = self.call("load", dep=dep, rank=rank, world=world, exports=exports)
         finally:
             cleanup()
-        return views, int(reply["bytes"])
+        return Loaded(views, int(reply["bytes"]), dict(reply["meta"]))
 
     def close(self) -> None:
         with contextlib.suppress(OSError):

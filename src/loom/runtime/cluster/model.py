@@ -10,7 +10,14 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["TinyDecoder", "TinyDecoderSpec", "param_specs", "restore_items", "state_items"]
+__all__ = [
+    "TinyDecoder",
+    "TinyDecoderSpec",
+    "adopt_items",
+    "param_specs",
+    "restore_items",
+    "state_items",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,8 +83,18 @@ def state_items(model: nn.Module, optim: Any) -> dict[str, torch.Tensor]:
 
 
 def restore_items(model: nn.Module, optim: Any, state: dict[str, torch.Tensor]) -> None:
-    """Put `state_items`-named tensors back: parameters copied in place, the optimizer's
-    per-parameter state set (created where the optimizer has none yet)."""
+    """Copy `state_items`-named tensors in (a checkpoint read): parameters in place, the
+    optimizer's per-parameter state set (created where the optimizer has none yet)."""
+    _put_items(model, optim, state, adopt=False)
+
+
+def adopt_items(model: nn.Module, optim: Any, state: dict[str, torch.Tensor]) -> None:
+    """Make `state_items`-named tensors the state itself, without a copy (buffers a load
+    filled): parameters' storage swapped, the optimizer's state entries set."""
+    _put_items(model, optim, state, adopt=True)
+
+
+def _put_items(model: nn.Module, optim: Any, state: dict[str, torch.Tensor], adopt: bool) -> None:
     params = dict(model.named_parameters())
     want = set(params)
     with torch.no_grad():
@@ -85,14 +102,17 @@ def restore_items(model: nn.Module, optim: Any, state: dict[str, torch.Tensor]) 
             kind, name = full.split("/", 1)
             if kind == "weights":
                 if name not in params:
-                    raise KeyError(f"the checkpoint has {name!r}, the model does not")
-                params[name].copy_(t)
+                    raise KeyError(f"the state has {name!r}, the model does not")
+                if adopt:
+                    params[name].data = t
+                else:
+                    params[name].copy_(t)
                 want.discard(name)
             elif kind == "optimizer":
                 pname, key = name.rsplit("/", 1)
-                optim.state[params[pname]][key] = t.clone()
+                optim.state[params[pname]][key] = t if adopt else t.clone()
     if want:
-        raise KeyError(f"the checkpoint lacks {sorted(want)[:3]}")
+        raise KeyError(f"the state lacks {sorted(want)[:3]}")
 
 
 def param_specs(model: nn.Module) -> list[Any]:

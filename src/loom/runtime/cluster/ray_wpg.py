@@ -3,20 +3,27 @@ of a deployment in one placement group (a bundle of `gpus_per_rank` GPUs and a C
 packed: a deployment's data-parallel group stays together), joined by torch.distributed at
 rank 0's node. The same interface as `WorkerGroup`, so the cluster service drives either.
 
+State moves through one StateManager sidecar per Ray node (`NodeStateActor`, a named actor
+that runs `python -m loom.state.sidecar` on its node): the ranks a deployment has on a node
+share that node's sidecar, which keeps one copy of their replicated state.
+
 A deployment the cluster cannot place fails within `placement_timeout_s`, saying what it
 asked, and leaves nothing behind; `close` kills the actors and removes the placement group.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from loom.runtime.cluster.wpg import OPS, WorkerError, WorkerGroupConfig, _free_port, _Worker
+from loom.state.sidecar import SidecarConfig, StateSidecar
 
 __all__ = [
     "ClusterServiceActor",
+    "NodeStateActor",
     "RankActor",
     "RayWorkerGroup",
     "connect_service",
@@ -28,13 +35,34 @@ __all__ = [
 class RankActor:
     """One rank of a deployment, in a Ray actor (wrapped with `ray.remote` on use)."""
 
-    def __init__(self, cfg: dict[str, Any], rank: int, port: int, master: str) -> None:
+    def __init__(
+        self,
+        cfg: dict[str, Any],
+        rank: int,
+        port: int,
+        master: str,
+        state: tuple[str, str],
+        local: tuple[int, int],
+    ) -> None:
         self._cfg, self._rank, self._port, self._master = cfg, rank, port, master
+        self._state, self._local = state, local
         self._worker: _Worker | None = None
 
     def join(self) -> bool:
         """Build the model and join the group (blocks until every rank has joined)."""
-        self._worker = _Worker(self._cfg, self._rank, self._port, self._master)
+        import ray
+
+        address, token = self._state
+        gpus = ray.get_gpu_ids()
+        self._worker = _Worker(
+            self._cfg | {"state_address": address},
+            self._rank,
+            self._port,
+            bytes.fromhex(token),
+            self._master,
+            local=self._local,
+            gpu=int(gpus[0]) if gpus else None,
+        )
         return True
 
     def run(self, op: str, payload: dict[str, Any]) -> dict[str, Any]:
@@ -42,10 +70,59 @@ class RankActor:
         return self._worker.run(op, payload)
 
 
-def _where() -> tuple[str, int]:
+def _where() -> tuple[str, int, str]:
     import ray
 
-    return str(ray.util.get_node_ip_address()), _free_port()
+    return (
+        str(ray.util.get_node_ip_address()),
+        _free_port(),
+        ray.get_runtime_context().get_node_id(),
+    )
+
+
+def _device_slots(node_id: str) -> int:
+    """Device tiers a node's sidecar keeps: one per GPU, and at least one per CPU (a CPU-only
+    rank takes a CPU, and its device tier is indexed by its place among its group's ranks)."""
+    import ray
+
+    for n in ray.nodes():
+        if n.get("NodeID") == node_id:
+            res = n.get("Resources", {})
+            return max(1, int(res.get("GPU", 0)), int(res.get("CPU", 0)))
+    return 1
+
+
+class NodeStateActor:
+    """A node's StateManager sidecar, in a Ray actor pinned to the node (wrapped with
+    `ray.remote` on use): the ranks there reach it over its Unix socket; the service calls it
+    through the actor."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self._sc = StateSidecar(SidecarConfig(**config)).start()
+
+    def address(self) -> tuple[str, str]:
+        return self._sc.address, self._sc.token.hex()
+
+    def call(self, op: str, kw: dict[str, Any]) -> Any:
+        with self._sc.client(timeout_s=600) as c:
+            return c.call(op, **kw)
+
+    def stop(self) -> None:
+        self._sc.close()
+
+
+def node_sidecar(node_id: str, gpus: int, namespace: str | None = None) -> Any:
+    """The node's sidecar actor, started on first use (one per node, shared by deployments)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    remote: Any = ray.remote(num_cpus=0)(NodeStateActor)
+    return remote.options(
+        name=f"loom-state/{node_id}",
+        namespace=namespace,
+        get_if_exists=True,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+    ).remote(asdict(SidecarConfig(gpus=gpus)))
 
 
 @dataclass
@@ -54,6 +131,7 @@ class RayWorkerGroup:
     gpus_per_rank: float = 0.0
     placement_timeout_s: float = 60.0
     _actors: list[Any] = field(default_factory=list)
+    _sidecars: dict[str, Any] = field(default_factory=dict)  # node id -> its sidecar actor
     _pg: Any = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
     running: str | None = None
@@ -81,20 +159,36 @@ class RayWorkerGroup:
             )
 
         try:
-            master, port = ray.get(
-                ray.remote(num_cpus=0)(_where).options(scheduling_strategy=on(0)).remote(),
+            where = ray.get(
+                [
+                    ray.remote(num_cpus=0)(_where).options(scheduling_strategy=on(r)).remote()
+                    for r in range(cfg.dp)
+                ],
                 timeout=self.placement_timeout_s,
             )
+            master, port, _ = where[0]
+            nodes = [w[2] for w in where]
             spec = asdict(cfg) | {"state_dir": str(cfg.state_dir or "/tmp/loom-wpg")}
+            for node in dict.fromkeys(nodes):  # one sidecar per node the ranks landed on
+                self._sidecars[node] = node_sidecar(node, _device_slots(node))
+            addresses = dict(
+                zip(
+                    self._sidecars,
+                    ray.get([a.address.remote() for a in self._sidecars.values()], timeout=60),
+                    strict=True,
+                )
+            )
             actor = ray.remote(RankActor)
             for rank in range(cfg.dp):
+                node = nodes[rank]
+                local = (nodes[:rank].count(node), nodes.count(node))
                 self._actors.append(
                     actor.options(
                         num_cpus=1,
                         num_gpus=self.gpus_per_rank,
                         scheduling_strategy=on(rank),
                         name=f"loom-wpg/{cfg.name}/{rank}",
-                    ).remote(spec, rank, port, master)
+                    ).remote(spec, rank, port, master, addresses[node], local)
                 )
             ray.get([a.join.remote() for a in self._actors], timeout=cfg.start_timeout_s)
         except Exception as exc:
@@ -134,6 +228,12 @@ class RayWorkerGroup:
             self.running = None
             self._lock.release()
 
+    def state(self, op: str, **kw: Any) -> list[Any]:
+        """A call on the sidecar of every node holding this group's state, one result each."""
+        import ray
+
+        return list(ray.get([a.call.remote(op, kw) for a in self._sidecars.values()], timeout=600))
+
     def close(self) -> None:
         import ray
         from ray.util.placement_group import remove_placement_group
@@ -141,6 +241,10 @@ class RayWorkerGroup:
         for a in self._actors:
             ray.kill(a)
         self._actors = []
+        for sidecar in self._sidecars.values():  # the node's sidecar stays for others
+            with contextlib.suppress(Exception):
+                ray.get(sidecar.call.remote("drop", {"dep": self.config.name}), timeout=30)
+        self._sidecars = {}
         if self._pg is not None:
             remove_placement_group(self._pg)
             self._pg = None

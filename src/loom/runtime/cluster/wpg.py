@@ -76,6 +76,7 @@ class WorkerGroupConfig:
     start_timeout_s: float = 120.0
     state_address: str | None = None  # the node's sidecar; a private one when None
     gpu_base: int = 0  # rank r holds the node's GPU gpu_base + r
+    start_offloaded: bool = False  # its state is on the sidecar already (a migration)
 
     def __post_init__(self) -> None:
         if self.dp < 1:
@@ -339,6 +340,10 @@ class _Worker:
         self.local_rank, self.local_world = local or (rank, self.world)
         self.gpu = int(cfg["gpu_base"]) + self.local_rank if gpu is None else gpu
         self.sc = StateClient(cfg["state_address"], token)
+        if cfg.get("start_offloaded"):  # its state waits on the sidecar: drop the fresh one
+            for t in self._state().values():
+                t.data = torch.empty(0, dtype=t.dtype)
+            self.resident = False
 
     def close(self) -> None:
         self.sc.close()
@@ -498,11 +503,13 @@ class _Worker:
         """Fresh buffers on every rank, filled by the sidecar."""
         if self.resident:
             return {"bytes": 0}
-        views, read = self.sc.load(self.name, self.local_rank, self.local_world)
-        for key, t in self._state().items():
-            t.data = views[key]
+        from loom.runtime.cluster.model import adopt_items
+
+        got = self.sc.load(self.name, self.local_rank, self.local_world)
+        adopt_items(self.model, self.optim, {f"{k.kind}/{k.name}": v for k, v in got.views.items()})
+        self.step = int(got.meta.get("step", self.step))
         self.resident = True
-        return {"bytes": read}
+        return {"bytes": got.bytes}
 
 
 def main(argv: list[str]) -> None:
