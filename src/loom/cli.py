@@ -264,11 +264,18 @@ def serve_cluster(
         int, typer.Option("--groups", help="node groups (a deployment runs on one)")
     ] = 1,
     policy: Annotated[
-        str, typer.Option("--policy", help="operation policy: hrrs, hrrs_alg1, hrrn, fcfs")
+        str,
+        typer.Option(
+            "--policy",
+            help="operation policy: hrrs, hrrs_alg1, hrrn, fcfs, round_robin (RollMux)",
+        ),
     ] = "hrrs",
     state_dir: Annotated[
         Path | None, typer.Option("--state-dir", help="where offloaded state spills to disk")
     ] = None,
+    gpus_per_group: Annotated[
+        int, typer.Option("--gpus-per-group", help="GPUs of a node group (its sidecar's)")
+    ] = 8,
 ) -> None:
     """PlexRL's Scheduler and Router: RL jobs create deployments (worker-process groups on
     node groups) and send them operations; the service runs them one at a time per node
@@ -279,7 +286,14 @@ def serve_cluster(
 
     try:
         settings = ClusterConfig.model_validate(
-            {"host": host, "port": port, "groups": groups, "policy": policy, "state_dir": state_dir}
+            {
+                "host": host,
+                "port": port,
+                "groups": groups,
+                "policy": policy,
+                "state_dir": state_dir,
+                "gpus_per_group": gpus_per_group,
+            }
         )
     except ValidationError as exc:
         raise typer.BadParameter(str(exc)) from None

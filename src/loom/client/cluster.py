@@ -70,6 +70,10 @@ class ClusterClient(AsyncHttpClient):
     async def op(self, op_id: int, wait_s: float = 0.0) -> dict[str, Any]:
         return dict(_check(await self.http.get(f"/v1/ops/{op_id}", params={"wait_s": wait_s})))
 
+    async def state(self) -> dict[str, Any]:
+        """What each node's StateManager sidecar holds (bytes by tier, moves, plan)."""
+        return dict(_check(await self.http.get("/v1/state")))
+
 
 @dataclass
 class JobHandle:
@@ -87,9 +91,11 @@ class JobHandle:
         group: int | None = None,
         seed: int = 0,
         trace: dict[str, Any] | None = None,
+        estimates: dict[str, float] | None = None,
     ) -> DeploymentHandle:
         """Start a deployment: on `group` if named, else where a profiled `trace` fits
-        (PlexRL's placement), else on a group of its own while one is free."""
+        (PlexRL's placement), else on a group of its own while one is free. `estimates`:
+        profiled seconds per operation kind, the scheduler's guess until it has measured."""
         body = {
             "job_id": self.job_id,
             "role": role,
@@ -98,6 +104,7 @@ class JobHandle:
             "seed": seed,
             **({"group": group} if group is not None else {}),
             **({"trace": trace} if trace is not None else {}),
+            **({"estimates": estimates} if estimates is not None else {}),
         }
         made = _check(await self.client.http.post("/v1/deployments", json=body))
         return DeploymentHandle(self, made["id"], int(made["group"]))
@@ -185,6 +192,15 @@ class DeploymentHandle:
         """Hand the service this deployment's profiled cycle (`JobHandle.trace`): PlexRL's
         placement fits it onto a node group (repacking a cold-started job)."""
         resp = await self.job.client.http.put(f"/v1/deployments/{self.id}/trace", json=trace)
+        view = dict(_check(resp))
+        self.group = int(view["group"])
+        return view
+
+    async def migrate(self, group: int) -> dict[str, Any]:
+        """Move this deployment to node group `group`, its state with it."""
+        resp = await self.job.client.http.post(
+            f"/v1/deployments/{self.id}/migrate", json={"group": group}
+        )
         view = dict(_check(resp))
         self.group = int(view["group"])
         return view

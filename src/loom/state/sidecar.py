@@ -410,8 +410,14 @@ class _Server:
         }
 
     def _checkpoint(self, dep: str, path: Path) -> dict[str, Any]:
-        names = self.sm.checkpoint(dep, path, meta=self.sm.meta(dep))
-        return {"path": str(path), "tensors": len(names), "bytes": path.stat().st_size}
+        meta = dict(self.sm.meta(dep))
+        names = self.sm.checkpoint(dep, path, meta=meta)
+        return {
+            "path": str(path),
+            "tensors": len(names),
+            "bytes": path.stat().st_size,
+            "meta": meta,
+        }
 
     def _mirror(self, dep: str, to: str, token: str) -> int:
         if to in (self.address, self.tcp_address):

@@ -34,6 +34,12 @@ class GroupScheduler:
     queue: list[Op] = field(default_factory=list)
     resident: str | None = None
     running: Op | None = None
+    upcoming: list[str] = field(default_factory=list)  # jobs in the last plan's order
+
+    def next_switch(self) -> str | None:
+        """The job the last plan switches to next after the resident one (what a
+        StateManager prefetches while the resident job runs)."""
+        return next((j for j in self.upcoming if j != self.resident), None)
 
     def submit(self, op: Op) -> None:
         if any(o.op_id == op.op_id for o in self.queue):
@@ -60,6 +66,7 @@ class GroupScheduler:
         if first.start_s - first.setup_s > now + 1e-9:
             return None  # (a policy that waits for an arrival: not the list schedulers here)
         op = first.op
+        self.upcoming = list(dict.fromkeys(p.op.job for p in plan.entries))
         self.queue.remove(op)
         switch = op.job != self.resident
         setup = self.setup(op.job, self.resident) if switch else 0.0

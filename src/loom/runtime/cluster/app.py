@@ -3,8 +3,9 @@ create deployments (a worker-process group each, on a node group) and send their
 the service admits them per node group under its operation policy and forwards them.
 
 Routes: `POST /v1/deployments`, `POST /v1/deployments/{id}/ops` (202 with an op id),
-`GET /v1/ops/{id}?wait_s=`, `DELETE /v1/jobs/{id}`, `GET /v1/stats`, `GET /metrics`,
-`GET /healthz`.
+`GET /v1/ops/{id}?wait_s=`, `PUT /v1/deployments/{id}/trace` (repack),
+`POST /v1/deployments/{id}/migrate`, `DELETE /v1/jobs/{id}`, `GET /v1/stats`, `GET /v1/state`
+(what each node's StateManager sidecar holds), `GET /metrics`, `GET /healthz`.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from loom.cluster.plexrl.timeline import HORIZON_SLOTS, Footprint
 from loom.core.errors import ConfigError
 from loom.runtime.cluster.driver import USER_OPS, ClusterDriver, Conflict, NotFound, Unavailable
 from loom.runtime.service import BackgroundApp, BodyLimit, DriverServer, malformed_request, run_app
+from loom.state.sidecar import SidecarConfig
 
 __all__ = ["BackgroundCluster", "ClusterConfig", "create_app", "serve"]
 
@@ -42,6 +44,10 @@ class ClusterConfig(BaseModel):
         default="process", description="worker processes here, or Ray actors in placement groups"
     )
     gpus_per_rank: float = Field(default=0.0, ge=0, description="GPUs each rank asks Ray for")
+    gpus_per_group: int = Field(default=8, ge=1, le=1024, description="GPUs of a node group")
+    device_bytes: int = Field(default=256 << 20, ge=0, description="a GPU's memory for state")
+    host_bytes: int = Field(default=1 << 30, ge=0, description="a node's host tier")
+    disk_bytes: int = Field(default=4 << 30, ge=0, description="a node's disk tier")
 
 
 class _Layout(BaseModel):
@@ -73,6 +79,14 @@ class _Deployment(BaseModel):
     group: int | None = Field(default=None, ge=0)
     seed: int = 0
     trace: _Trace | None = None
+    estimates: dict[str, float] | None = Field(
+        default=None, description="profiled seconds per operation kind (HRRS's E until measured)"
+    )
+
+
+class _Migrate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    group: int = Field(ge=0)
 
 
 class _Op(BaseModel):
@@ -107,6 +121,12 @@ def create_app(config: ClusterConfig, driver: ClusterDriver | None = None) -> Fa
             state_dir=config.state_dir,
             launcher=config.launcher,
             gpus_per_rank=config.gpus_per_rank,
+            gpus_per_group=config.gpus_per_group,
+            state=SidecarConfig(
+                device_bytes=config.device_bytes,
+                host_bytes=config.host_bytes,
+                disk_bytes=config.disk_bytes,
+            ),
         )
         yield
         await app.state.driver.close()
@@ -140,6 +160,7 @@ def create_app(config: ClusterConfig, driver: ClusterDriver | None = None) -> Fa
                 group=body.group,
                 seed=body.seed,
                 trace=trace,
+                estimates=body.estimates,
             )
         except (ConfigError, Conflict, Unavailable) as exc:
             raise _fail(exc) from None
@@ -150,6 +171,14 @@ def create_app(config: ClusterConfig, driver: ClusterDriver | None = None) -> Fa
         try:
             dep = await drv().repack(dep_id, body.footprint())
         except (NotFound, Conflict) as exc:
+            raise _fail(exc) from None
+        return _deployment_view(dep)
+
+    @app.post("/v1/deployments/{dep_id}/migrate")
+    async def migrate(dep_id: str, body: _Migrate) -> dict[str, Any]:
+        try:
+            dep = await drv().migrate(dep_id, body.group)
+        except (NotFound, Conflict, ConfigError, Unavailable) as exc:
             raise _fail(exc) from None
         return _deployment_view(dep)
 
@@ -184,6 +213,10 @@ def create_app(config: ClusterConfig, driver: ClusterDriver | None = None) -> Fa
     @app.get("/v1/stats")
     async def stats() -> dict[str, Any]:
         return drv().stats()
+
+    @app.get("/v1/state")
+    async def state() -> dict[str, Any]:
+        return await drv().state_stats()
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:

@@ -4,6 +4,15 @@ operation policy (HRRS by default) and forwarded to the deployment's WPG when ad
 a time per group. On a job change the driver first offloads the resident deployment's state
 and loads the next one's (§5.2.2), as operations of their own in the records.
 
+Each node group is a node with its own StateManager sidecar (`loom.state.sidecar`, started
+with the group's first deployment): every deployment on the group moves its state through it.
+The driver tells the sidecar the group's plan after each decision (eviction follows it) and
+asks it to prefetch the next job it will switch to while the current one runs (§4.5.1). A
+checkpoint of a deployment that is offloaded and idle is materialised by the sidecar from the
+managed state without a switch (§4.5.3), while other jobs run on the group. Moving a deployment
+to another group (`migrate`, or a repack that picks another group) offloads it, mirrors its
+state to the new node's sidecar and starts its ranks there with their state waiting.
+
 One asyncio loop owns the policy objects; a WPG call blocks, so it runs in a thread. Every
 accepted operation reaches a terminal state: succeeded, failed (its error says why), or
 cancelled when its job is deleted or the service stops.
@@ -16,8 +25,8 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -28,6 +37,7 @@ from loom.cluster.plexrl.placement import JobPlacement, PlacementConfig, PlexPla
 from loom.cluster.plexrl.timeline import HORIZON_SLOTS, Footprint, Timeline
 from loom.core.errors import ConfigError
 from loom.runtime.cluster.wpg import OPS, WorkerError, WorkerGroup, WorkerGroupConfig
+from loom.state.sidecar import SidecarConfig, StateError, StateSidecar
 
 __all__ = ["ClusterDriver", "Conflict", "NotFound", "OpStatus", "Unavailable"]
 
@@ -106,6 +116,10 @@ class Deployment:
     wpg: Any  # a WorkerGroup, or a RayWorkerGroup on a Ray cluster
     seq: int = 0  # operations submitted (their order within the deployment)
     placement: JobPlacement | None = None  # how PlexRL's placement put it there, if it did
+    dp: int = 1
+    seed: int = 0
+    # NOTE: its state moves (offload, load, an offloaded checkpoint, a migration) one at a time
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def view(self) -> dict[str, Any]:
         placed = self.placement
@@ -139,13 +153,26 @@ class ClusterDriver:
         default_switch_s: float = 1.0,
         launcher: str = "process",
         gpus_per_rank: float = 0.0,
+        gpus_per_group: int = 8,
+        state: SidecarConfig | None = None,
         clock: Callable[[], float] = time.monotonic,
+        launch: Callable[[WorkerGroupConfig], Any] | None = None,
     ) -> None:
+        """`state`: each group's sidecar (its GPUs are `gpus_per_group`); `launch` builds a
+        deployment's worker group in place of the default — worker processes on the group's
+        sidecar, or Ray actors with launcher="ray" (tests put stand-ins there)."""
         if groups < 1:
             raise ConfigError(f"groups must be >= 1, got {groups}")
+        if gpus_per_group < 1:
+            raise ConfigError(f"gpus_per_group must be >= 1, got {gpus_per_group}")
         if launcher not in ("process", "ray"):
             raise ConfigError(f"launcher must be process or ray, got {launcher!r}")
         self.launcher, self.gpus_per_rank = launcher, gpus_per_rank
+        self.gpus_per_group = gpus_per_group
+        self.state_config = state or SidecarConfig()
+        self._launch_fn = launch
+        self._sidecars: list[StateSidecar | None] = [None] * groups
+        self._node_locks = [asyncio.Lock() for _ in range(groups)]
         self.policy = OpPolicyKind(policy)
         self.state_dir = state_dir
         self.clock = clock
@@ -173,7 +200,14 @@ class ClusterDriver:
         self._locks = [asyncio.Lock() for _ in range(groups)]
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closing = False
-        self.counts = {"ops": 0, "switches": 0, "failed": 0}
+        self.counts = {
+            "ops": 0,
+            "switches": 0,
+            "failed": 0,
+            "prefetched_bytes": 0,
+            "offloaded_checkpoints": 0,
+            "migrations": 0,
+        }
 
     def now(self) -> float:
         return self.clock() - self._t0
@@ -189,9 +223,11 @@ class ClusterDriver:
         group: int | None,
         seed: int = 0,
         trace: Footprint | None = None,
+        estimates: dict[str, float] | None = None,
     ) -> Deployment:
-        """Start a deployment. Its node group: `group` if named; else, with a profiled
-        `trace`, where PlexRL's placement fits it (§4.3.2, warm start); else a group of its
+        """Start a deployment. `estimates`: profiled seconds per operation kind, HRRS's E
+        until the service has measured them. Its node group: `group` if named; else, with a
+        profiled `trace`, where PlexRL's placement fits it (§4.3.2, warm start); else a group of its
         own (cold start) while one is free, and the least-shared group when none is."""
         if self._closing:
             raise Conflict("the service is shutting down")
@@ -200,28 +236,26 @@ class ClusterDriver:
             raise Conflict(f"deployment {dep_id} exists already")
         if group is not None and not 0 <= group < len(self.groups):
             raise ConfigError(f"no node group {group} (this service has {len(self.groups)})")
+        bad = sorted(k for k, v in (estimates or {}).items() if k not in USER_OPS or not v >= 0)
+        if bad:
+            raise ConfigError(f"estimates for unknown operations or below 0 s: {bad}")
+        if self.launcher == "process" and dp > self.gpus_per_group:
+            raise ConfigError(
+                f"dp {dp} is more ranks than a node group's {self.gpus_per_group} GPUs"
+            )
         group, placed = self._place(dep_id, group, trace)
-        cfg = WorkerGroupConfig(
-            name=dep_id.replace(":", "-"),
-            dp=dp,
-            seed=seed,
-            state_dir=None if self.state_dir is None else self.state_dir / dep_id.replace(":", "-"),
-        )
-        wpg: Any
-        if self.launcher == "ray":
-            from loom.runtime.cluster.ray_wpg import RayWorkerGroup
-
-            wpg = RayWorkerGroup(cfg, gpus_per_rank=self.gpus_per_rank)
-        else:
-            wpg = WorkerGroup(cfg)
         try:
-            await asyncio.get_running_loop().run_in_executor(None, wpg.start)
-        except WorkerError as exc:
+            wpg = await self._launch(dep_id, group, dp, seed)
+        except (WorkerError, StateError) as exc:
             if placed is not None:
                 self.placement.release(dep_id)
             raise Unavailable(f"could not start {dep_id}'s worker processes: {exc}") from None
-        dep = Deployment(dep_id, job_id, model, role, group, wpg, placement=placed)
+        dep = Deployment(
+            dep_id, job_id, model, role, group, wpg, placement=placed, dp=dp, seed=seed
+        )
         self.deployments[dep_id] = dep
+        for kind, secs in (estimates or {}).items():
+            self._exec[(dep_id, kind)] = float(secs)
         # a new deployment starts resident; if its group holds another or is busy, it waits
         # offloaded for its turn (one job's state on the group's devices at a time)
         sched = self.groups[group]
@@ -232,6 +266,47 @@ class ClusterDriver:
                 await self._move(dep, "offload", group)
         log.info("deployment %s (dp %d) on node group %d", dep_id, dp, group)
         return dep
+
+    async def _node(self, group: int) -> StateSidecar:
+        """The group's sidecar, started on first use (or again if it died)."""
+        async with self._node_locks[group]:
+            sc = self._sidecars[group]
+            if sc is None or not sc.alive:
+                disk = "" if self.state_dir is None else str(self.state_dir / f"group{group}")
+                cfg = SidecarConfig(
+                    **(asdict(self.state_config) | {"gpus": self.gpus_per_group, "disk_dir": disk})
+                )
+                sc = await asyncio.get_running_loop().run_in_executor(
+                    None, lambda: StateSidecar(cfg).start()
+                )
+                self._sidecars[group] = sc
+            return sc
+
+    async def _launch(
+        self, dep_id: str, group: int, dp: int, seed: int, *, start_offloaded: bool = False
+    ) -> Any:
+        """Start a deployment's worker group on `group` (its ranks on that node's sidecar)."""
+        name = dep_id.replace(":", "-")
+        cfg = WorkerGroupConfig(
+            name=name,
+            dp=dp,
+            seed=seed,
+            state_dir=None if self.state_dir is None else self.state_dir / name,
+            start_offloaded=start_offloaded,
+        )
+        wpg: Any
+        if self._launch_fn is not None:
+            wpg = self._launch_fn(cfg)
+        elif self.launcher == "process":
+            sidecar = await self._node(group)
+            cfg = replace(cfg, state_address=sidecar.address)
+            wpg = WorkerGroup(cfg, state_token=sidecar.token)
+        else:
+            from loom.runtime.cluster.ray_wpg import RayWorkerGroup
+
+            wpg = RayWorkerGroup(cfg, gpus_per_rank=self.gpus_per_rank)
+        await asyncio.get_running_loop().run_in_executor(None, wpg.start)
+        return wpg
 
     def _place(
         self, dep_id: str, group: int | None, trace: Footprint | None
@@ -273,17 +348,56 @@ class ClusterDriver:
             return dep  # nothing fits: it stays where it is
         dep.placement = placed
         if placed.group != dep.group:
-            async with self._locks[dep.group]:
-                if old.resident == dep_id:
-                    await self._move(dep, "offload", dep.group)
-            dep.group = placed.group
+            await self.migrate(dep_id, placed.group)
+        return dep
+
+    async def migrate(self, dep_id: str, group: int) -> Deployment:
+        """Move a deployment to node group `group` (§4.5.3): offload it, mirror its state to
+        that node's sidecar, start its ranks there with their state waiting, and stop the old
+        ones (whose sidecar then forgets it). On Ray a group is a label over Ray's nodes: the
+        deployment's actors and their node sidecars stay, its operations queue on `group`."""
+        dep = self.deployments.get(dep_id)
+        if dep is None:
+            raise NotFound(f"no deployment {dep_id!r}")
+        if not 0 <= group < len(self.groups):
+            raise ConfigError(f"no node group {group} (this service has {len(self.groups)})")
+        if group == dep.group:
+            return dep
+        old = self.groups[dep.group]
+        if any(o.job == dep_id for o in old.queue) or (
+            old.running is not None and old.running.job == dep_id
+        ):
+            raise Conflict(f"{dep_id} has operations queued or running: move it between steps")
+        async with self._locks[dep.group]:
+            if old.resident == dep_id:
+                await self._move(dep, "offload", dep.group)
+        if self.launcher == "process":
+            loop = asyncio.get_running_loop()
+            src, dst = await self._node(dep.group), await self._node(group)
+            name = dep.wpg.config.name
+            async with dep.lock:
+                with src.client(timeout_s=600) as c:
+                    await loop.run_in_executor(
+                        None,
+                        lambda: c.call("mirror", dep=name, to=dst.address, token=dst.token.hex()),
+                    )
+                try:
+                    wpg = await self._launch(dep_id, group, dep.dp, dep.seed, start_offloaded=True)
+                except (WorkerError, StateError) as exc:
+                    raise Unavailable(f"could not start {dep_id} on group {group}: {exc}") from None
+                old_wpg, dep.wpg = dep.wpg, wpg
+                await loop.run_in_executor(None, old_wpg.close)  # the old node forgets it
+        dep.group = group
+        self.counts["migrations"] += 1
+        log.info("deployment %s moved to node group %d", dep_id, group)
         return dep
 
     async def _move(self, dep: Deployment, kind: str, group: int) -> None:
         payload = {"tier": "host"} if kind == "offload" else {}
         rec = OpRecord(next(self._ids), dep.id, dep.job, kind, payload, self.now(), system=True)
         self.ops[rec.op_id] = rec
-        await self._execute(dep, rec)
+        async with dep.lock:
+            await self._execute(dep, rec)
         if kind == "offload" and self.groups[group].resident == dep.id:
             self.groups[group].resident = None
 
@@ -316,6 +430,10 @@ class ClusterDriver:
             raise ConfigError(f"unknown operation {kind!r}; known: {', '.join(USER_OPS)}")
         rec = OpRecord(next(self._ids), dep_id, dep.job, kind, payload, self.now())
         self.ops[rec.op_id] = rec
+        if kind == "save_ckpt" and self._offloaded_and_idle(dep):
+            self._spawn(self._checkpoint_offloaded(dep, rec))
+            self.counts["ops"] += 1
+            return rec
         exec_s = self._exec.get((dep_id, kind), self.default_exec_s)
         self.groups[dep.group].submit(Op(rec.op_id, dep_id, rec.submitted_s, exec_s, dep.seq))
         dep.seq += 1
@@ -323,16 +441,71 @@ class ClusterDriver:
         self._pump(dep.group)
         return rec
 
+    def _offloaded_and_idle(self, dep: Deployment) -> bool:
+        sched = self.groups[dep.group]
+        return (
+            sched.resident != dep.id
+            and not (sched.running is not None and sched.running.job == dep.id)
+            and not any(o.job == dep.id for o in sched.queue)
+            and not dep.lock.locked()
+        )
+
+    async def _checkpoint_offloaded(self, dep: Deployment, rec: OpRecord) -> None:
+        """A checkpoint from the state the sidecar holds: no switch, the group runs on."""
+        if "path" not in rec.payload:
+            self._end(rec, OpStatus.FAILED, error="save_ckpt needs a path")
+            return
+        rec.status, rec.started_s = OpStatus.RUNNING, self.now()
+        loop = asyncio.get_running_loop()
+        name = dep.wpg.config.name
+        try:
+            async with dep.lock:
+                out = await loop.run_in_executor(
+                    None, lambda: dep.wpg.state("checkpoint", dep=name, path=rec.payload["path"])
+                )
+        except (StateError, WorkerError) as exc:
+            self.counts["failed"] += 1
+            self._end(rec, OpStatus.FAILED, error=str(exc))
+            return
+        meta = out[0].pop("meta", {})
+        rec.result = out[0] | {"step": meta.get("step"), "from": "offloaded state"}
+        self.counts["offloaded_checkpoints"] += 1
+        self._end(rec, OpStatus.SUCCEEDED)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     def _pump(self, group: int) -> None:
         if self._busy[group] or self._closing:
             return
-        d = self.groups[group].next(self.now())
+        sched = self.groups[group]
+        d = sched.next(self.now())
         if d is None:
             return
         self._busy[group] = True
-        task = asyncio.get_running_loop().create_task(self._run(group, d))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._spawn(self._run(group, d))
+
+    async def _hint(self, dep: Deployment, kind: str, upcoming: Sequence[str] = ()) -> None:
+        """A hint to the StateManager of `dep`'s node (§4.5.1): the group's `plan` (the
+        deployments in the order they will run: eviction reads it), or `prefetch` of `dep`'s
+        state to host ahead of its switch. A hint that fails costs nothing but its benefit."""
+        loop = asyncio.get_running_loop()
+        try:
+            if kind == "plan":
+                names = [
+                    self.deployments[d].wpg.config.name for d in upcoming if d in self.deployments
+                ]
+                await loop.run_in_executor(None, lambda: dep.wpg.state("plan", upcoming=names))
+            elif not dep.lock.locked():
+                name = dep.wpg.config.name
+                moved = await loop.run_in_executor(
+                    None, lambda: dep.wpg.state("prefetch", dep=name)
+                )
+                self.counts["prefetched_bytes"] += sum(moved)
+        except (StateError, WorkerError, OSError) as exc:
+            log.debug("state hint %s for %s: %s", kind, dep.id, exc)
 
     async def _run(self, group: int, d: Any) -> None:
         rec = self.ops[d.op.op_id]
@@ -349,21 +522,27 @@ class ClusterDriver:
             self._pump(group)
 
     async def _switch_and_execute(self, group: int, d: Any, dep: Deployment, rec: OpRecord) -> None:
+        sched = self.groups[group]
+        upcoming, nxt = list(sched.upcoming), sched.next_switch()
+        await self._hint(dep, "plan", upcoming=upcoming)  # the switch's eviction follows it
         if d.offload is not None or d.load is not None:
-            t0 = time.monotonic()
+            t0 = self.clock()
             if d.offload is not None and d.offload in self.deployments:
                 await self._move(self.deployments[d.offload], "offload", group)
             await self._move(dep, "load", group)
             self.groups[group].resident = dep.id
-            self._learn_switch(dep.id, time.monotonic() - t0)
-            rec.setup_s = time.monotonic() - t0
+            self._learn_switch(dep.id, self.clock() - t0)
+            rec.setup_s = self.clock() - t0
             self.counts["switches"] += 1
+        other = self.deployments.get(nxt) if nxt is not None else None
+        if other is not None:  # the next switch's state comes up while this operation runs
+            self._spawn(self._hint(other, "prefetch"))
         await self._execute(dep, rec)
 
     async def _execute(self, dep: Deployment, rec: OpRecord) -> None:
         rec.status = OpStatus.RUNNING
         rec.started_s = self.now()
-        t0 = time.monotonic()
+        t0 = self.clock()
         loop = asyncio.get_running_loop()
         try:
             result = await loop.run_in_executor(None, dep.wpg.run, rec.kind, rec.payload)
@@ -371,7 +550,7 @@ class ClusterDriver:
             self.counts["failed"] += 1
             self._end(rec, OpStatus.FAILED, error=str(exc))
             return
-        took = time.monotonic() - t0
+        took = self.clock() - t0
         key = (dep.id, rec.kind)
         old = self._exec.get(key)
         self._exec[key] = took if old is None else EWMA * took + (1 - EWMA) * old
@@ -435,3 +614,20 @@ class ClusterDriver:
         for dep in list(self.deployments.values()):
             await loop.run_in_executor(None, dep.wpg.close)
         self.deployments.clear()
+        for sc in self._sidecars:
+            if sc is not None:
+                await loop.run_in_executor(None, sc.close)
+
+    async def state_stats(self) -> dict[str, Any]:
+        """What each node's sidecar holds: bytes by tier, moves, its plan, its deployments."""
+        loop = asyncio.get_running_loop()
+        out: dict[str, Any] = {}
+        if self.launcher == "process":
+            for g, sc in enumerate(self._sidecars):
+                if sc is not None and sc.alive:
+                    with sc.client(timeout_s=60) as c:
+                        out[str(g)] = await loop.run_in_executor(None, lambda c=c: c.call("stats"))
+            return {"groups": out}
+        for dep in list(self.deployments.values()):
+            out[dep.id] = await loop.run_in_executor(None, lambda d=dep: d.wpg.state("stats"))
+        return {"deployments": out}

@@ -426,7 +426,8 @@ class _Worker:
         self._bind()
         out: dict[str, Any] = {"path": str(path), "step": self.step}
         if self.local_rank == 0 and self.rank == 0:
-            out |= self.sc.call("checkpoint", dep=self.name, path=str(path))
+            done = self.sc.call("checkpoint", dep=self.name, path=str(path))
+            out |= {k: v for k, v in done.items() if k != "meta"}
         self.dist.barrier()
         return out
 
