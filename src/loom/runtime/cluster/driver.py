@@ -131,6 +131,7 @@ class Deployment:
             "group": self.group,
             "dp": self.wpg.config.dp,
             "ops_run": self.wpg.ops_run,
+            "pids": list(getattr(self.wpg, "pids", [])),  # worker processes (none on Ray)
             "placement": None
             if placed is None
             else {
