@@ -59,7 +59,11 @@ def test_a_deployment_runs_as_ray_actors_in_one_placement_group(
         g.run("forward_backward", {"ids": BATCH})
         g.run("optim_step")
         digest = g.run("sync_weights")["digest"]  # both ranks agree (checked by the group)
-        g.run("offload", {"tier": "disk"})
+        written = g.run("offload", {"tier": "disk"})["bytes"]
+        # the node's sidecar (one Ray node here) holds the two replicas' state once
+        (node,) = g.state("stats")
+        assert len(node["deployments"]["ray-a"]["ranks"]) == 2
+        assert node["bytes_by_tier"]["disk"] == node["unique_logical_bytes"] == written > 0
         with pytest.raises(WorkerError, match="offloaded"):
             g.run("forward", {"ids": BATCH})
         g.run("load")

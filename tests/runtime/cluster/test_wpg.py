@@ -63,7 +63,10 @@ def test_offload_to_host_or_disk_and_back_is_bit_identical(pair) -> None:
     ref = a.run("sync_weights")["digest"]
     logprobs = a.run("forward", {"ids": BATCH})["logprobs"]
     for tier in ("host", "disk"):
-        assert a.run("offload", {"tier": tier})["bytes"] > 0
+        written = a.run("offload", {"tier": tier})["bytes"]
+        (st,) = a.state("stats")  # the two ranks' replicated state is held once
+        assert st["bytes_by_tier"][tier] == st["unique_logical_bytes"] == written > 0
+        assert st["bytes_by_tier"]["device"] == 0
         with pytest.raises(WorkerError, match="offloaded"):
             a.run("forward", {"ids": BATCH})  # nothing runs unless its state is on the device
         a.run("load")
