@@ -31,6 +31,7 @@ from loom.experiments.report import Record, Task, bar_plot, by_experiment, line_
 from loom.perf.latency import RooflineLatencyModel
 from loom.sim.cluster.plexrl import GroupJob, NodeGroupSimulator
 from loom.sim.cluster.plexrl_trace import Sharing, TraceSimulator
+from loom.sim.metrics import GpuMeter
 from loom.sim.rollout.tail import DecodeCurve, decode_curve
 from loom.sim.workloads.agentic import AgenticWorkload, WorkloadKind
 from loom.sim.workloads.plexrl import PlexJob, job_trace, plexrl_jobs, state_costs
@@ -89,21 +90,25 @@ def _group_jobs(job: PlexJob, copies: int, steps: int) -> list[GroupJob]:
 def _run(job: PlexJob, copies: int, steps: int, policy: OpPolicyKind) -> dict[str, float]:
     """`copies` jobs of `job` on one training pool: GPU-hours per completed step, and more."""
     costs = state_costs()
+    warm_s = costs.switch_cost(job).warm_s
 
     def setup(to: str, resident: str | None) -> float:
-        return (costs.offload_s(job) if resident is not None else 0.0) + costs.load_s(job)
+        return (costs.offload_s(job) if resident is not None else 0.0) + warm_s
 
     jobs = _group_jobs(job, copies, steps)
     res = NodeGroupSimulator(jobs, OP_POLICIES.get(policy)(), setup).run()
-    rollout_gpu_s = sum(job.rollout_gpus * res.job_span_s(j.job_id) for j in jobs)
-    train_gpu_s = job.train_gpus * res.span_s
+    meter = GpuMeter()  # the meter RollMux's simulator keeps, over fixed pools here
+    for j in jobs:  # each job's rollout GPUs until its last step; the shared training pool
+        meter.hold("rollout", job.rollout_gpus, j.arrival_s, j.arrival_s + res.job_span_s(j.job_id))
+    meter.hold("training", job.train_gpus, 0.0, res.span_s)
+    meter.use("training", job.train_gpus * res.busy_s())
     total_steps = copies * steps
     return {
-        "gpu_hours_per_step": (rollout_gpu_s + train_gpu_s) / 3600 / total_steps,
+        "gpu_hours_per_step": meter.gpu_hours() / total_steps,
         "step_time_s": sum(res.cycle_s(j.job_id) for j in jobs) / copies,
         "switches": float(res.switches()),
         "setup_share": res.setup_s() / res.span_s,
-        "train_pool_busy": res.busy_s() / res.span_s,
+        "train_pool_busy": meter.busy["training"] / meter.provisioned["training"],
         "gpus": float(copies * job.rollout_gpus + job.train_gpus),
     }
 

@@ -27,6 +27,7 @@ from loom.cluster.policy import ClusterPolicy, Placement, Regroup
 from loom.cluster.schedule import GroupSchedule, run_round_robin
 from loom.sim.cluster.times import IterationSampler
 from loom.sim.engine import Engine
+from loom.sim.metrics import GpuMeter
 
 __all__ = ["ClusterResult", "ClusterSimulator", "JobOutcome"]
 
@@ -188,7 +189,8 @@ class ClusterSimulator:
         rate: dict[str, _Rate] = {}
         finish_ev: dict[str, int] = {}
         outcomes: list[JobOutcome] = []
-        acc = {"cost": 0.0, "last": 0.0, "R": 0.0, "T": 0.0, "bR": 0.0, "bT": 0.0}
+        acc = {"cost": 0.0, "last": 0.0}
+        meter = GpuMeter()
         series: list[tuple[float, float, int, int]] = []
         layouts: list[tuple[float, tuple[GroupLayout, ...]]] = []
         decisions: list[float] = []
@@ -201,12 +203,12 @@ class ClusterSimulator:
             r_nodes = sum(g.rollout_nodes for g in groups.values())
             t_nodes = sum(g.train_nodes for g in groups.values())
             acc["cost"] += self.bed.cost_per_h(r_nodes, t_nodes) * dt / 3600
-            acc["R"] += r_nodes * self.bed.gpus_per_node * dt
-            acc["T"] += t_nodes * self.bed.gpus_per_node * dt
+            meter.hold("rollout", r_nodes * self.bed.gpus_per_node, acc["last"], eng.now)
+            meter.hold("training", t_nodes * self.bed.gpus_per_node, acc["last"], eng.now)
             for jid, r in rate.items():
                 progress[jid] += dt / r.period_s
-                acc["bR"] += r.roll_busy * dt / r.period_s
-                acc["bT"] += r.train_busy * dt / r.period_s
+                meter.use("rollout", r.roll_busy * dt / r.period_s)
+                meter.use("training", r.train_busy * dt / r.period_s)
             acc["last"] = eng.now
 
         def snapshot() -> None:
@@ -296,8 +298,8 @@ class ClusterSimulator:
             cost_usd=acc["cost"],
             peak_rollout_gpus=max((s[2] for s in series), default=0),
             peak_training_gpus=max((s[3] for s in series), default=0),
-            gpu_s={"rollout": acc["R"], "training": acc["T"]},
-            busy_gpu_s={"rollout": acc["bR"], "training": acc["bT"]},
+            gpu_s={p: meter.provisioned[p] for p in ("rollout", "training")},
+            busy_gpu_s={p: meter.busy[p] for p in ("rollout", "training")},
             decision_ms=decisions,
             series=series,
             layouts=layouts,

@@ -23,6 +23,7 @@ from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
+from loom.cluster.params import SwitchCost
 from loom.core.errors import ConfigError
 from loom.perf.specs import ModelSpec, model_spec
 
@@ -142,6 +143,15 @@ class StateCosts:
     def load_s(self, job: PlexJob) -> float:
         """Bring `job`'s state onto its ranks from pinned host memory (ranks copy in parallel)."""
         return sum(self.rank_bytes(job)) / (self.pinned_h2d_gbs * 1e9)
+
+    def switch_cost(self, job: PlexJob) -> SwitchCost:
+        """The switch-cost model RollMux's simulator charges (`SwitchCost`: a phase's state onto
+        its GPUs warm, from host memory, or cold), here from `job`'s bytes at the measured
+        rates: warm from pinned host memory, cold from pageable."""
+        return SwitchCost(
+            warm_s=self.load_s(job),
+            cold_s=sum(self.rank_bytes(job)) / (self.pageable_h2d_gbs * 1e9),
+        )
 
     def offload_s(self, job: PlexJob) -> float:
         return sum(self.rank_bytes(job)) / (self.pinned_d2h_gbs * 1e9)
