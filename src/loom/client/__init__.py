@@ -1,7 +1,7 @@
 """Clients of Loom's runtime services."""
 
 from loom.client.actions import ActionClient, ActionError, AsyncActionClient
-from loom.client.cluster import ClusterClient, ClusterError, phase_of
+from loom.client.cluster import ClusterClient, ClusterError, phase, phase_of
 from loom.client.relay import RelayClient
 from loom.client.rollout import RolloutClient, TrajectoryHandle
 
@@ -14,5 +14,6 @@ __all__ = [
     "RelayClient",
     "RolloutClient",
     "TrajectoryHandle",
+    "phase",
     "phase_of",
 ]

@@ -12,12 +12,20 @@ deployments and sends them operations; the service decides when each runs.
 `call` submits an operation and waits for its result (`submit` + `result` do it in two steps).
 `phase(name)` marks where a verl/ROLL-style loop hands a phase to the scheduler: it times the
 phase and records the operations it sent, so the job's trace (what PlexRL's placement fits) is
-known to the caller; `@phase_of(job, "train")` decorates a coroutine the same way.
+known to the caller; `@phase_of(job, "train")` decorates a coroutine the same way, and
+`@loom.phase("train")` does so for whichever job is active (`async with job:`) when it runs:
+
+    @loom.phase("train")
+    async def train(actor, batch): ...
+
+    async with await cluster.job("grpo-7b") as job:
+        await train(actor, batch)
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -32,6 +40,7 @@ __all__ = [
     "DeploymentHandle",
     "JobHandle",
     "PhaseRecord",
+    "phase",
     "phase_of",
 ]
 
@@ -81,6 +90,7 @@ class JobHandle:
     job_id: str
     phases: list[PhaseRecord] = field(default_factory=list)
     _current: PhaseRecord | None = None
+    _tokens: list[contextvars.Token[JobHandle | None]] = field(default_factory=list)
 
     async def deployment(
         self,
@@ -108,6 +118,14 @@ class JobHandle:
         }
         made = _check(await self.client.http.post("/v1/deployments", json=body))
         return DeploymentHandle(self, made["id"], int(made["group"]))
+
+    async def __aenter__(self) -> JobHandle:
+        """Make this the active job of `@loom.phase` coroutines run inside."""
+        self._tokens.append(_ACTIVE.set(self))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        _ACTIVE.reset(self._tokens.pop())
 
     @contextlib.asynccontextmanager
     async def phase(self, name: str) -> AsyncIterator[PhaseRecord]:
@@ -217,6 +235,30 @@ def phase_of(
     def wrap(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
         @functools.wraps(fn)
         async def run(*args: P.args, **kwargs: P.kwargs) -> R:
+            async with job.phase(name):
+                return await fn(*args, **kwargs)
+
+        return run
+
+    return wrap
+
+
+_ACTIVE: contextvars.ContextVar[JobHandle | None] = contextvars.ContextVar(
+    "loom_active_job", default=None
+)
+
+
+def phase(name: str) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]:
+    """Decorate a coroutine as one phase of the job active when it runs (`async with job:`)."""
+
+    def wrap(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+        @functools.wraps(fn)
+        async def run(*args: P.args, **kwargs: P.kwargs) -> R:
+            job = _ACTIVE.get()
+            if job is None:
+                raise RuntimeError(
+                    f"{fn.__qualname__} is a {name!r} phase: run it inside `async with job:`"
+                )
             async with job.phase(name):
                 return await fn(*args, **kwargs)
 

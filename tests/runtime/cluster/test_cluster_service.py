@@ -14,7 +14,9 @@ import pytest
 pytest.importorskip("torch")
 
 import itertools
+from typing import Any
 
+import loom
 from loom.client import ClusterClient, ClusterError, phase_of
 from loom.runtime.cluster.app import BackgroundCluster, ClusterConfig
 from loom.runtime.cluster.wpg import WorkerGroup, WorkerGroupConfig
@@ -26,6 +28,11 @@ BATCH = [[1, 5, 9, 3, 7, 2], [4, 4, 8, 1, 0, 6], [2, 3, 5, 7, 11, 13], [9, 8, 7,
 
 def batch(seed: int, step: int) -> list[list[int]]:
     return [[(x * (seed + step + 1)) % 128 for x in row] for row in BATCH]
+
+
+@loom.phase("rollout")  # a phase of whichever job is active when it runs
+async def rollout(actor: Any) -> None:
+    await actor.call("generate", ids=BATCH[:2], max_tokens=4)
 
 
 async def job_loop(url: str, name: str, seed: int, steps: int) -> tuple[str, list[str]]:
@@ -40,10 +47,12 @@ async def job_loop(url: str, name: str, seed: int, steps: int) -> tuple[str, lis
             )
             await actor.call("optim_step")
 
-        for s in range(steps):
-            async with job.phase("rollout"):
-                await actor.call("generate", ids=BATCH[:2], max_tokens=4)
-            await train(s)
+        with pytest.raises(RuntimeError, match="inside `async with job:`"):
+            await rollout(actor)  # no job is active yet
+        async with job:
+            for s in range(steps):
+                await rollout(actor)
+                await train(s)
         digest = (await actor.call("sync_weights"))["digest"]
         return digest, [p.name for p in job.phases]
 
