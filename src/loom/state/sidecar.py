@@ -509,20 +509,9 @@ class StateClient:
         tier: str = "host",
         meta: Mapping[str, Any] | None = None,
     ) -> int:
-        exports, cleanup = export_tensors(tensors)
-        try:
-            reply = self.call(
-                "offload",
-                dep=dep,
-                rank=rank,
-                world=world,
-                gpu=gpu,
-                exports=exports,
-                tier=tier,
-                meta=dict(meta or {}),
-            )
-        finally:
-            cleanup()
+        """Hand rank `rank`'s tensors to the sidecar (collective over the `world` ranks on
+        this node); returns the bytes it wrote (on the first rank; 0 on the others)."""
+        reply = self._export("offload", dep, rank, world, gpu, tensors, meta, tier=tier)
         return int(reply["bytes"])
 
     def bind(
@@ -534,17 +523,27 @@ class StateClient:
         tensors: Mapping[StateKey, Any],
         meta: Mapping[str, Any] | None = None,
     ) -> None:
+        """Show the sidecar rank `rank`'s tensors as they are now (before it materialises a
+        checkpoint or shards from them), without offloading them."""
+        self._export("bind", dep, rank, world, gpu, tensors, meta)
+
+    def _export(
+        self,
+        op: str,
+        dep: str,
+        rank: int,
+        world: int,
+        gpu: int,
+        tensors: Mapping[StateKey, Any],
+        meta: Mapping[str, Any] | None,
+        **kw: Any,
+    ) -> Any:
         exports, cleanup = export_tensors(tensors)
         try:
-            self.call(
-                "bind",
-                dep=dep,
-                rank=rank,
-                world=world,
-                gpu=gpu,
-                exports=exports,
-                meta=dict(meta or {}),
-            )
+            return self.call(
+                op, dep=dep, rank=rank, world=world, gpu=gpu, exports=exports,
+                meta=dict(meta or {}), **kw,
+            )  # fmt: skip
         finally:
             cleanup()
 
