@@ -107,6 +107,36 @@ def test_checkpoints_round_trip(pair, tmp_path: Path) -> None:
     assert a.run("sync_weights")["digest"] == digest
 
 
+def test_rollout_shards_are_cut_by_the_sidecar_each_byte_once(pair, tmp_path: Path) -> None:
+    """sync_weights with a TP degree: the sidecar cuts each rollout rank's shards from the
+    managed weights; they are slices of the full tensors, and no split byte is fetched twice."""
+    import hashlib
+
+    from loom.runtime.cluster.model import TinyDecoder, TinyDecoderSpec, param_specs
+    from loom.state.weights.shards import shard_box
+
+    a, _, _ = pair
+    out = a.run("sync_weights", {"tp": 2})["reshard"]
+    a.run("save_ckpt", {"path": str(tmp_path / "w.pt")})
+    full = {
+        k.split("/", 1)[1]: v
+        for k, v in torch.load(tmp_path / "w.pt").items()
+        if k.startswith("weights/")
+    }
+    specs = param_specs(TinyDecoder(TinyDecoderSpec()))
+    split = sum(full[p.name].numel() * 4 for p in specs if p.rule.dim is not None)
+    replicated = sum(full[p.name].numel() * 4 for p in specs if p.rule.dim is None)
+    assert sum(out["fetched_bytes"]) == split + 2 * replicated
+    for r in range(2):
+        h = hashlib.sha256()
+        for p in sorted(specs, key=lambda p: p.name):
+            box = shard_box(p, 2, r)
+            piece = full[p.name][tuple(box.slices)].contiguous()
+            h.update(p.name.encode())
+            h.update(piece.view(-1).view(torch.uint8).numpy().tobytes())
+        assert out["shard_digests"][r] == h.hexdigest()
+
+
 def test_two_jobs_multiplexed_with_forced_switches_match_each_alone(tmp_path: Path) -> None:
     """Jobs A and B share a node: before each of the other's steps the resident job is
     offloaded and the next loaded. Their weights end bit-identical to running alone."""

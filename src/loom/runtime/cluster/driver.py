@@ -174,6 +174,7 @@ class ClusterDriver:
         self._launch_fn = launch
         self._sidecars: list[StateSidecar | None] = [None] * groups
         self._node_locks = [asyncio.Lock() for _ in range(groups)]
+        self._plans: list[list[str]] = [[] for _ in range(groups)]  # the last sent to each node
         self.policy = OpPolicyKind(policy)
         self.state_dir = state_dir
         self.clock = clock
@@ -525,7 +526,9 @@ class ClusterDriver:
     async def _switch_and_execute(self, group: int, d: Any, dep: Deployment, rec: OpRecord) -> None:
         sched = self.groups[group]
         upcoming, nxt = list(sched.upcoming), sched.next_switch()
-        await self._hint(dep, "plan", upcoming=upcoming)  # the switch's eviction follows it
+        if upcoming != self._plans[group]:  # the switch's eviction follows it
+            self._plans[group] = upcoming
+            await self._hint(dep, "plan", upcoming=upcoming)
         if d.offload is not None or d.load is not None:
             t0 = self.clock()
             if d.offload is not None and d.offload in self.deployments:
