@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import time
@@ -630,8 +631,10 @@ class ClusterDriver:
             for g, sc in enumerate(self._sidecars):
                 if sc is not None and sc.alive:
                     with sc.client(timeout_s=60) as c:
-                        out[str(g)] = await loop.run_in_executor(None, lambda c=c: c.call("stats"))
+                        out[str(g)] = await loop.run_in_executor(None, c.call, "stats")
             return {"groups": out}
         for dep in list(self.deployments.values()):
-            out[dep.id] = await loop.run_in_executor(None, lambda d=dep: d.wpg.state("stats"))
+            out[dep.id] = await loop.run_in_executor(
+                None, functools.partial(dep.wpg.state, "stats")
+            )
         return {"deployments": out}

@@ -337,7 +337,8 @@ class _Worker:
         self.optim = torch.optim.Adam(self.model.parameters(), lr=cfg["lr"])
         self.step = 0
         self.resident = True
-        self.local_rank, self.local_world = local or (rank, self.world)
+        where: tuple[int, int] = local if local is not None else (rank, int(self.world))
+        self.local_rank, self.local_world = where
         self.gpu = int(cfg["gpu_base"]) + self.local_rank if gpu is None else gpu
         self.sc = StateClient(cfg["state_address"], token)
         if cfg.get("start_offloaded"):  # its state waits on the sidecar: drop the fresh one
