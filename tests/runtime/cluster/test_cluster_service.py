@@ -122,6 +122,10 @@ def test_bad_input_is_refused_with_a_reason(service) -> None:
         ("post", "/v1/deployments", {"job_id": "bad id!"}, 422, "job_id"),
         ("post", f"/v1/deployments/{dep}/ops", {"op": "forward", "extra": 1}, 422, "extra"),
         ("get", "/v1/ops/123456", None, 404, "no operation"),
+        ("post", f"/v1/deployments/{dep}/ops", {"op": "save_ckpt"}, 400, "needs a path"),
+        ("post", "/v1/deployments", {"job_id": "e", "estimates": {"fly": 1}}, 400, "estimates"),
+        ("post", "/v1/deployments", {"job_id": "d", "layout": {"dp": 9}}, 400, "8 GPUs"),
+        ("post", f"/v1/deployments/{dep}/migrate", {"group": 3}, 400, "no node group 3"),
         ("delete", "/v1/jobs/ghost", None, 404, "no deployment of job"),
     ]
     for method, path, body, status, words in cases:

@@ -431,6 +431,8 @@ class ClusterDriver:
             raise NotFound(f"no deployment {dep_id!r}")
         if kind not in USER_OPS:
             raise ConfigError(f"unknown operation {kind!r}; known: {', '.join(USER_OPS)}")
+        if kind in ("save_ckpt", "load_ckpt") and not isinstance(payload.get("path"), str):
+            raise ConfigError(f"{kind} needs a path (a string) in its payload")
         rec = OpRecord(next(self._ids), dep_id, dep.job, kind, payload, self.now())
         self.ops[rec.op_id] = rec
         if kind == "save_ckpt" and self._offloaded_and_idle(dep):
@@ -455,9 +457,6 @@ class ClusterDriver:
 
     async def _checkpoint_offloaded(self, dep: Deployment, rec: OpRecord) -> None:
         """A checkpoint from the state the sidecar holds: no switch, the group runs on."""
-        if "path" not in rec.payload:
-            self._end(rec, OpStatus.FAILED, error="save_ckpt needs a path")
-            return
         rec.status, rec.started_s = OpStatus.RUNNING, self.now()
         loop = asyncio.get_running_loop()
         name = dep.wpg.config.name
