@@ -150,6 +150,16 @@ def test_the_plan_decides_what_spills_and_prefetch_brings_it_up(sidecar: StateSi
     assert all(torch.equal(views[k], v) for k, v in states["b"].items())
 
 
+def test_without_a_plan_the_least_recently_used_spills(sidecar: StateSidecar) -> None:
+    states = {d: state_of(d, i) for i, d in enumerate("abc")}
+    for i, d in enumerate("abc"):
+        ranks(1, lambda r, c, d=d, i=i: c.offload(d, 0, 1, i % 2, states[d]), sidecar)
+    with sidecar.client() as c:
+        st = c.call("stats")
+    on_disk = {d: v["bytes"]["disk"] for d, v in st["deployments"].items()}
+    assert on_disk["a"] > 0 and on_disk["b"] == on_disk["c"] == 0
+
+
 def test_checkpoint_and_shards_come_from_offloaded_state(
     sidecar: StateSidecar, tmp_path: Path
 ) -> None:

@@ -370,6 +370,7 @@ class _Server:
     def _offload(self, items: dict[int, dict[str, Any]]) -> dict[int, Any]:
         self._bind_all(items)
         first = items[min(items)]
+        self.sm.use(first["dep"], time.monotonic())  # LRU, where no plan says otherwise
         written = self.sm.offload(first["dep"], Tier(first.get("tier", "host")))
         self._sync()
         return {r: {"bytes": written if r == min(items) else 0} for r in items}
@@ -380,6 +381,7 @@ class _Server:
         for rank in sorted(items):
             targets = {k: mapper(e) for k, e in items[rank]["exports"].items()}
             self.sm.expect(dep, rank, targets)
+        self.sm.use(dep, time.monotonic())
         read = self.sm.load(dep)
         self._sync()
         meta = dict(self.sm.meta(dep))
