@@ -97,6 +97,8 @@ def test_ranks_offload_once_per_key_and_load_back_bit_identical(sidecar: StateSi
         st = c.call("stats")
     # loaded: each rank's buffers count against its GPU; the offloaded copy is gone
     assert st["bytes_by_tier"] == {"device": 2 * nbytes(state), "host": 0, "disk": 0}
+    with pytest.raises(StateError, match="disagree"):  # never zeros in place of the state
+        ranks(2, lambda r, c: c.load("a", r, 2), sidecar)
 
 
 def test_a_stranger_is_dropped_unread_and_a_missing_rank_is_named(tmp_path: Path) -> None:

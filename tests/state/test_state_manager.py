@@ -252,3 +252,43 @@ def test_on_a_gpu_state_goes_through_pinned_host_memory_bit_for_bit(tmp_path: Pa
             assert all(got[k].is_cuda and torch.equal(got[k].cpu(), v) for k, v in state.items())
     raw = next(iter(sm.host._pool.values()))[0]
     assert raw.is_pinned()  # freed pinned buffers are kept for the next offload
+
+
+def test_a_refused_move_leaves_the_deployment_as_it_was(tmp_path: Path) -> None:
+    """An offload with nowhere to go, a bind past the GPU, an adoption past host and disk: each
+    is refused, and the deployment's state reads as before (no stale copies, no lost keys)."""
+    state = model_state("a", 9)
+    size = sum(t.numel() * t.element_size() for t in state.values())
+    sm = StateManager(
+        gpus=1,
+        device_bytes=size + 1024,
+        host_bytes=size // 3,
+        disk_bytes=size // 3,
+        disk_dir=tmp_path / "d",
+        device="cpu",
+        pin_host=False,
+        external_device=True,
+    )
+    sm.register("a", 0, 0, state)
+    with pytest.raises(TierFull):
+        sm.offload("a", Tier.HOST)  # host and disk together hold two thirds of it
+    assert sm.stats().bytes_by_tier == {"device": size, "host": 0, "disk": 0}
+    assert sm.deployments()["a"]["loaded"]
+    bigger = {**state, StateKey("a", "optimizer", "extra"): torch.zeros(4096)}
+    with pytest.raises(TierFull, match=r"offload first|resident"):
+        sm.bind("a", 0, 0, bigger)
+    for k, v in state.items():
+        assert torch.equal(sm.tensors("a", 0)[k], v)
+        assert torch.equal(sm.full_tensor("a", k.kind, k.name), v)
+    other = StateManager(
+        gpus=1,
+        device_bytes=size,
+        host_bytes=size // 3,
+        disk_bytes=size // 3,
+        disk_dir=tmp_path / "o",
+        device="cpu",
+        pin_host=False,
+    )
+    with pytest.raises(TierFull):
+        other.adopt("a", {0: 0}, {0: list(state)}, state)
+    assert other.stats().bytes_by_tier == {"device": 0, "host": 0, "disk": 0}

@@ -112,7 +112,9 @@ class StateManager:
         dep = self._deps.setdefault(deployment, _Deployment(deployment))
         if rank in dep.ranks:
             raise ConfigError(f"{deployment} rank {rank} is registered already")
-        if any(r != rank and g == gpu for r, g in dep.ranks.items()):
+        if not self.devices[gpu].external and any(
+            r != rank and g == gpu for r, g in dep.ranks.items()
+        ):  # (a worker's own memory may hold two ranks on one GPU: fractional GPUs)
             raise ConfigError(f"{deployment}: two ranks on GPU {gpu}")
         if dep.ranks and not dep.loaded:
             raise ConfigError(f"{deployment} is offloaded: load it before adding ranks")
@@ -139,13 +141,16 @@ class StateManager:
         if dep.ranks[rank] != gpu:
             raise ConfigError(f"{deployment} rank {rank} is on GPU {dep.ranks[rank]}, not {gpu}")
         dev = self.devices[gpu]
+        old = sum(dev.size_of((deployment, rank, k)) for k in dep.keys[rank])
+        extra = sum(nbytes(t) for t in tensors.values()) - old
+        if extra > 0:  # room first: a refused bind leaves the rank as it was
+            self._make_room(dev, extra, keep=deployment)
         for key in dep.keys[rank]:
             dev.delete((deployment, rank, key))
-        stale = set(dep.keys[rank]) - set(tensors)
-        for key in stale:  # offloaded copies of keys the rank no longer has (none while loaded)
-            if not self._shared(key, deployment) and key in self._home:
+        for key in set(dep.keys[rank]) | set(tensors):
+            # an offloaded copy while loaded is stale (an offload that failed half way)
+            if key in self._home and not self._shared(key, deployment):
                 self._store(self._home.pop(key)).delete(key)
-        self._make_room(dev, sum(nbytes(t) for t in tensors.values()), keep=deployment)
         for key, t in tensors.items():
             dev.put((deployment, rank, key), t)
             self._shape[key] = tuple(t.shape)
@@ -212,17 +217,23 @@ class StateManager:
             raise ConfigError("offload goes to host or disk")
         written = 0
         done: dict[StateKey, Any] = {}
-        for rank in sorted(dep.ranks):
-            gpu = dep.ranks[rank]
-            for key in dep.keys[rank]:
-                t = self.devices[gpu].get((deployment, rank, key))
-                if key in done:
-                    if self.verify_replicas:
-                        assert _equal(done[key], t), f"replicas of {key} differ"
-                    continue
-                done[key] = t
-                written += self._home_put(key, t, to, keep=deployment)
-                self._count("device->" + self._home[key].value, nbytes(t))
+        try:
+            for rank in sorted(dep.ranks):
+                gpu = dep.ranks[rank]
+                for key in dep.keys[rank]:
+                    t = self.devices[gpu].get((deployment, rank, key))
+                    if key in done:
+                        if self.verify_replicas:
+                            assert _equal(done[key], t), f"replicas of {key} differ"
+                        continue
+                    done[key] = t
+                    written += self._home_put(key, t, to, keep=deployment)
+                    self._count("device->" + self._home[key].value, nbytes(t))
+        except BaseException:  # the deployment stays loaded: drop the copies made so far
+            for key in done:
+                if key in self._home and not self._shared(key, deployment):
+                    self._store(self._home.pop(key)).delete(key)
+            raise
         for rank, gpu in dep.ranks.items():
             for key in dep.keys[rank]:
                 self.devices[gpu].delete((deployment, rank, key))
@@ -397,11 +408,17 @@ class StateManager:
         missing = sorted(k for k in need if k not in self._home and k not in tensors)
         if missing:
             raise ConfigError(f"{deployment}: migrated without {missing[:3]}")
-        stored = 0
-        for key in sorted(tensors):
-            if key not in self._home:
-                stored += self._home_put(key, tensors[key], Tier.HOST, keep=deployment)
-                self._shape[key] = tuple(tensors[key].shape)
+        stored, added = 0, []
+        try:
+            for key in sorted(tensors):
+                if key not in self._home:
+                    stored += self._home_put(key, tensors[key], Tier.HOST, keep=deployment)
+                    self._shape[key] = tuple(tensors[key].shape)
+                    added.append(key)
+        except BaseException:  # nothing half-adopted: no key here that nobody owns
+            for key in added:
+                self._store(self._home.pop(key)).delete(key)
+            raise
         target = self._deps.setdefault(deployment, _Deployment(deployment))
         target.ranks = dict(ranks)
         target.keys = {r: list(k) for r, k in keys.items()}

@@ -76,7 +76,7 @@ class Loaded(NamedTuple):
 @dataclass(frozen=True, kw_only=True)
 class SidecarConfig:
     gpus: int = 1
-    device_bytes: int = 256 << 20
+    device_bytes: int | None = None  # per GPU: its memory; on a CPU node, the node's memory
     host_bytes: int = 1 << 30
     disk_bytes: int = 4 << 30
     disk_dir: str = ""  # a private temporary directory when empty
@@ -89,7 +89,7 @@ class SidecarConfig:
     def __post_init__(self) -> None:
         if self.gpus < 1:
             raise ConfigError(f"a sidecar needs gpus >= 1, got {self.gpus}")
-        if min(self.device_bytes, self.host_bytes, self.disk_bytes) < 0:
+        if min(self.device_bytes or 0, self.host_bytes, self.disk_bytes) < 0:
             raise ConfigError("tier capacities must be >= 0 bytes")
 
 
@@ -233,9 +233,13 @@ class _Mapper:
             _, path, offset, shape, dtype = export
             buf = self._files.get(path)
             if buf is None:
+                if not os.path.basename(path).startswith("loom-state-"):
+                    raise StateError(f"{path} is not a state export")
                 size = os.path.getsize(path)
                 buf = torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
                 self._files[path] = buf
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)  # mapped on both sides: nothing is left if a worker dies
             n = _numel(shape) * torch.empty((), dtype=dtype).element_size()
             return buf[offset : offset + n].view(dtype).view(shape)
         raise StateError(f"unknown export kind {kind!r}")
@@ -249,6 +253,7 @@ class _Gather:
     world: int
     items: dict[int, dict[str, Any]] = field(default_factory=dict)
     done: asyncio.Future[dict[int, Any]] | None = None
+    full: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class _Server:
@@ -262,9 +267,12 @@ class _Server:
     # ---- connections ----------------------------------------------------------------------
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            hello = await asyncio.wait_for(_read_frame(reader), 10)
+            (n,) = _HEADER.unpack(await asyncio.wait_for(reader.readexactly(_HEADER.size), 10))
+            if n != len(self.token):
+                return  # not ours: nothing more of it is read, nothing it sent is unpickled
+            hello = await asyncio.wait_for(reader.readexactly(n), 10)
             if not hmac.compare_digest(hello, self.token):
-                return  # not ours: nothing it sent is unpickled
+                return
             while True:
                 try:
                     frame = await _read_frame(reader)
@@ -314,7 +322,7 @@ class _Server:
                 sm.materialize, req["model"], req["kind"], req["params"], req["tp"], req["rank"]
             )
         if op == "mirror":
-            return await self._run(self._mirror, req["dep"], req["to"], req["token"])
+            return await self._mirror(req["dep"], req["to"], req["token"])
         if op == "adopt":
             return await self._run(
                 sm.adopt, req["dep"], req["ranks"], req["keys"], req["tensors"], req["meta"]
@@ -339,17 +347,22 @@ class _Server:
         assert g.done is not None
         if len(g.items) == world:
             del self._gathers[key]
+            g.full.set()
             try:
                 g.done.set_result(await self._run(getattr(self, f"_{op}"), g.items))
             except Exception as exc:
                 g.done.set_exception(exc)
-        try:
-            replies = await asyncio.wait_for(asyncio.shield(g.done), self.cfg.collective_timeout_s)
-        except TimeoutError:
-            if self._gathers.get(key) is g:
-                del self._gathers[key]  # a late rank starts a gather of its own, and times out
-            missing = sorted(set(range(world)) - set(g.items))
-            raise StateError(f"{key[1]} {op}: ranks {missing} never came") from None
+        else:
+            # NOTE: only the gathering is timed: once every rank is in, the move runs to its
+            # end and every rank gets its outcome (a slow copy must not split the ranks)
+            try:
+                await asyncio.wait_for(g.full.wait(), self.cfg.collective_timeout_s)
+            except TimeoutError:
+                if self._gathers.get(key) is g:
+                    del self._gathers[key]  # a late rank starts a gather of its own
+                missing = sorted(set(range(world)) - set(g.items))
+                raise StateError(f"{key[1]} {op}: ranks {missing} never came") from None
+        replies = await g.done
         return replies[rank]
 
     # ---- data plane (on the one data-plane thread) -----------------------------------------
@@ -378,11 +391,17 @@ class _Server:
     def _load(self, items: dict[int, dict[str, Any]]) -> dict[int, Any]:
         mapper = _Mapper()
         dep = items[min(items)]["dep"]
-        for rank in sorted(items):
-            targets = {k: mapper(e) for k, e in items[rank]["exports"].items()}
-            self.sm.expect(dep, rank, targets)
-        self.sm.use(dep, time.monotonic())
-        read = self.sm.load(dep)
+        if self.sm.deployments().get(dep, {}).get("loaded"):
+            raise StateError(f"{dep} is loaded here already: its ranks and the sidecar disagree")
+        try:
+            for rank in sorted(items):
+                targets = {k: mapper(e) for k, e in items[rank]["exports"].items()}
+                self.sm.expect(dep, rank, targets)
+            self.sm.use(dep, time.monotonic())
+            read = self.sm.load(dep)
+        finally:
+            for dev in self.sm.devices:
+                dev.clear_expected()
         self._sync()
         meta = dict(self.sm.meta(dep))
         return {r: {"bytes": read if r == min(items) else 0, "meta": meta} for r in items}
@@ -421,16 +440,39 @@ class _Server:
             "meta": meta,
         }
 
-    def _mirror(self, dep: str, to: str, token: str) -> int:
+    async def _mirror(self, dep: str, to: str, token: str) -> int:
+        """Send a deployment's offloaded state to another node's sidecar. Only the read runs
+        on the data plane (a copy, so that later moves here cannot touch what is sent); the
+        send runs beside it, so two sidecars mirroring to each other do not wait on each other."""
         if to in (self.address, self.tcp_address):
             raise StateError("a deployment is mirrored to another node's sidecar, not its own")
-        d = self.sm._dep(dep)
-        tensors = self.sm.offloaded(dep)
-        with StateClient(to, bytes.fromhex(token)) as peer:
-            stored = peer.call(
-                "adopt", dep=dep, ranks=d.ranks, keys=d.keys, tensors=tensors, meta=d.meta
-            )
-        return int(stored)
+
+        def read() -> dict[str, Any]:
+            d = self.sm._dep(dep)
+            tensors = {k: t.clone() for k, t in self.sm.offloaded(dep).items()}
+            return {
+                "ranks": dict(d.ranks),
+                "keys": dict(d.keys),
+                "meta": dict(d.meta),
+                "tensors": tensors,
+            }
+
+        payload = await self._run(read)
+
+        def send() -> int:
+            timeout = self.cfg.collective_timeout_s
+            with StateClient(to, bytes.fromhex(token), timeout_s=timeout) as peer:
+                return int(peer.call("adopt", dep=dep, **payload))
+
+        return await asyncio.get_running_loop().run_in_executor(None, send)
+
+
+def _device_memory(cfg: SidecarConfig) -> int:
+    import torch
+
+    if cfg.device != "cpu" and torch.cuda.is_available():
+        return int(torch.cuda.get_device_properties(0).total_memory)
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
 def serve(address: str, cfg: SidecarConfig, token: bytes) -> None:
@@ -438,7 +480,7 @@ def serve(address: str, cfg: SidecarConfig, token: bytes) -> None:
     disk = Path(cfg.disk_dir) if cfg.disk_dir else Path(tempfile.mkdtemp(prefix="loom-state-"))
     sm = StateManager(
         gpus=cfg.gpus,
-        device_bytes=cfg.device_bytes,
+        device_bytes=cfg.device_bytes if cfg.device_bytes is not None else _device_memory(cfg),
         host_bytes=cfg.host_bytes,
         disk_bytes=cfg.disk_bytes,
         disk_dir=disk,
@@ -457,7 +499,16 @@ def serve(address: str, cfg: SidecarConfig, token: bytes) -> None:
             host, port = tcp.sockets[0].getsockname()[:2]
             server.tcp_address = f"tcp://{host}:{port}"
             servers.append(tcp)
+        parent = os.getppid()
+
+        async def orphaned() -> None:  # its starter died without closing it: go too
+            while os.getppid() == parent:
+                await asyncio.sleep(1.0)
+            server._stop.set()
+
+        watch = asyncio.create_task(orphaned())
         await server._stop.wait()
+        watch.cancel()
         for s in servers:
             s.close()
 

@@ -157,6 +157,10 @@ class DeviceTier(_MemoryTier):
             raise ConfigError("only an external device tier takes workers' buffers")
         self._targets[key] = target
 
+    def clear_expected(self) -> None:
+        """Forget buffers no put used (a load that failed half way)."""
+        self._targets.clear()
+
     def _place(self, t: Any) -> Any:
         return t  # unused: put is overridden
 

@@ -130,3 +130,31 @@ def test_a_deployment_migrates_with_its_state_and_trains_on_identically(tmp_path
 
     with BackgroundCluster(cfg) as svc:
         asyncio.run(main(svc.url))
+
+
+def test_a_failed_switch_fails_its_operation_and_loses_nothing(tmp_path: Path) -> None:
+    """A's worker dies while A is resident: B's next operation needs A offloaded first, which
+    cannot happen, so B's operation fails saying why, and nothing of B is touched. With A
+    deleted, B loads and runs with its state intact. A second deployment whose state would be
+    named like B's on the node is refused."""
+    cfg = ClusterConfig(port=0, groups=1, state_dir=tmp_path)
+
+    async def main(url: str) -> None:
+        async with ClusterClient(url) as cluster:
+            a = await (await cluster.job("A")).deployment(seed=1)
+            b = await (await cluster.job("B")).deployment("x-y", seed=2)
+            async with httpx.AsyncClient(base_url=url) as http:
+                r = await http.post("/v1/deployments", json={"job_id": "B-x", "role": "y"})
+                assert r.status_code == 409 and "name" in r.json()["detail"]
+            (pid,) = (await cluster.stats())["deployments"]["A:actor"]["pids"]
+            os.kill(pid, 9)
+            op = await b.submit("sync_weights")
+            view = await cluster.op(op, wait_s=60)
+            assert view["status"] == "failed" and "switch to B:x-y failed" in view["error"]
+            assert (await cluster.stats())["groups"][0]["resident"] == "A:actor"
+            await (await cluster.job("A")).delete()
+            assert (await b.call("sync_weights"))["digest"] == fresh_digest(2)
+            del a
+
+    with BackgroundCluster(cfg) as svc:
+        asyncio.run(main(svc.url))

@@ -45,7 +45,9 @@ class ClusterConfig(BaseModel):
     )
     gpus_per_rank: float = Field(default=0.0, ge=0, description="GPUs each rank asks Ray for")
     gpus_per_group: int = Field(default=8, ge=1, le=1024, description="GPUs of a node group")
-    device_bytes: int = Field(default=256 << 20, ge=0, description="a GPU's memory for state")
+    device_bytes: int | None = Field(
+        default=None, ge=0, description="a GPU's memory for state (default: all of it)"
+    )
     host_bytes: int = Field(default=1 << 30, ge=0, description="a node's host tier")
     disk_bytes: int = Field(default=4 << 30, ge=0, description="a node's disk tier")
 

@@ -121,6 +121,7 @@ class Deployment:
     seed: int = 0
     # NOTE: its state moves (offload, load, an offloaded checkpoint, a migration) one at a time
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    migrating: bool = False
 
     def view(self) -> dict[str, Any]:
         placed = self.placement
@@ -142,6 +143,11 @@ class Deployment:
                 "dedicated": placed.dedicated,
             },
         }
+
+
+def _wpg_name(dep_id: str) -> str:
+    """A deployment's worker group's name: its state's name on a node's sidecar too."""
+    return dep_id.replace(":", "-")
 
 
 class ClusterDriver:
@@ -176,6 +182,7 @@ class ClusterDriver:
         self._sidecars: list[StateSidecar | None] = [None] * groups
         self._node_locks = [asyncio.Lock() for _ in range(groups)]
         self._plans: list[list[str]] = [[] for _ in range(groups)]  # the last sent to each node
+        self._migrating = asyncio.Lock()
         self.policy = OpPolicyKind(policy)
         self.state_dir = state_dir
         self.clock = clock
@@ -237,6 +244,9 @@ class ClusterDriver:
         dep_id = f"{job_id}:{role}"
         if dep_id in self.deployments:
             raise Conflict(f"deployment {dep_id} exists already")
+        clash = [d.id for d in self.deployments.values() if d.wpg.config.name == _wpg_name(dep_id)]
+        if clash:  # its state would be keyed like the other's on a node's sidecar
+            raise Conflict(f"deployment {dep_id} would share its state's name with {clash[0]}")
         if group is not None and not 0 <= group < len(self.groups):
             raise ConfigError(f"no node group {group} (this service has {len(self.groups)})")
         bad = sorted(k for k, v in (estimates or {}).items() if k not in USER_OPS or not v >= 0)
@@ -265,8 +275,17 @@ class ClusterDriver:
         if sched.resident is None and not self._busy[group]:
             sched.resident = dep_id
         else:
-            async with self._locks[group]:
-                await self._move(dep, "offload", group)
+            try:
+                async with self._locks[group]:
+                    await self._move(dep, "offload", group)
+            except WorkerError as exc:
+                del self.deployments[dep_id]
+                if placed is not None:
+                    self.placement.release(dep_id)
+                await asyncio.get_running_loop().run_in_executor(None, wpg.close)
+                raise Unavailable(
+                    f"{dep_id} could not wait offloaded for its turn: {exc}"
+                ) from None
         log.info("deployment %s (dp %d) on node group %d", dep_id, dp, group)
         return dep
 
@@ -274,6 +293,10 @@ class ClusterDriver:
         """The group's sidecar, started on first use (or again if it died)."""
         async with self._node_locks[group]:
             sc = self._sidecars[group]
+            if sc is not None and not sc.alive:
+                lost = sorted(d.id for d in self.deployments.values() if d.group == group)
+                log.error("node group %d's sidecar died; state of %s is lost", group, lost)
+                self._plans[group] = []
             if sc is None or not sc.alive:
                 disk = "" if self.state_dir is None else str(self.state_dir / f"group{group}")
                 cfg = SidecarConfig(
@@ -289,7 +312,7 @@ class ClusterDriver:
         self, dep_id: str, group: int, dp: int, seed: int, *, start_offloaded: bool = False
     ) -> Any:
         """Start a deployment's worker group on `group` (its ranks on that node's sidecar)."""
-        name = dep_id.replace(":", "-")
+        name = _wpg_name(dep_id)
         cfg = WorkerGroupConfig(
             name=name,
             dp=dp,
@@ -367,33 +390,51 @@ class ClusterDriver:
         if group == dep.group:
             return dep
         old = self.groups[dep.group]
-        if any(o.job == dep_id for o in old.queue) or (
-            old.running is not None and old.running.job == dep_id
+        if (
+            dep.migrating
+            or any(o.job == dep_id for o in old.queue)
+            or (old.running is not None and old.running.job == dep_id)
         ):
             raise Conflict(f"{dep_id} has operations queued or running: move it between steps")
-        async with self._locks[dep.group]:
-            if old.resident == dep_id:
-                await self._move(dep, "offload", dep.group)
+        dep.migrating = True  # NOTE: no operation is accepted for it until it has landed
+        try:
+            async with self._migrating:  # one at a time: two nodes never wait on each other
+                await self._migrate(dep, group)
+        finally:
+            dep.migrating = False
+        self.counts["migrations"] += 1
+        log.info("deployment %s moved to node group %d", dep_id, group)
+        return dep
+
+    async def _migrate(self, dep: Deployment, group: int) -> None:
+        old = self.groups[dep.group]
+        try:
+            async with self._locks[dep.group]:
+                if old.resident == dep.id:
+                    await self._move(dep, "offload", dep.group)
+        except WorkerError as exc:
+            raise Unavailable(f"could not offload {dep.id} to move it: {exc}") from None
         if self.launcher == "process":
             loop = asyncio.get_running_loop()
             src, dst = await self._node(dep.group), await self._node(group)
             name = dep.wpg.config.name
             async with dep.lock:
-                with src.client(timeout_s=600) as c:
-                    await loop.run_in_executor(
-                        None,
-                        lambda: c.call("mirror", dep=name, to=dst.address, token=dst.token.hex()),
-                    )
                 try:
-                    wpg = await self._launch(dep_id, group, dep.dp, dep.seed, start_offloaded=True)
-                except (WorkerError, StateError) as exc:
-                    raise Unavailable(f"could not start {dep_id} on group {group}: {exc}") from None
+                    with src.client(timeout_s=600) as c:
+                        await loop.run_in_executor(
+                            None,
+                            lambda: c.call(
+                                "mirror", dep=name, to=dst.address, token=dst.token.hex()
+                            ),
+                        )
+                    wpg = await self._launch(dep.id, group, dep.dp, dep.seed, start_offloaded=True)
+                except (WorkerError, StateError, OSError) as exc:
+                    with contextlib.suppress(Exception), dst.client(timeout_s=60) as c:
+                        c.call("drop", dep=name)  # nothing half-moved stays at the destination
+                    raise Unavailable(f"could not move {dep.id} to group {group}: {exc}") from None
                 old_wpg, dep.wpg = dep.wpg, wpg
                 await loop.run_in_executor(None, old_wpg.close)  # the old node forgets it
         dep.group = group
-        self.counts["migrations"] += 1
-        log.info("deployment %s moved to node group %d", dep_id, group)
-        return dep
 
     async def _move(self, dep: Deployment, kind: str, group: int) -> None:
         payload = {"tier": "host"} if kind == "offload" else {}
@@ -401,6 +442,8 @@ class ClusterDriver:
         self.ops[rec.op_id] = rec
         async with dep.lock:
             await self._execute(dep, rec)
+        if rec.status != OpStatus.SUCCEEDED:
+            raise WorkerError(f"{kind} of {dep.id} failed: {rec.error}")
         if kind == "offload" and self.groups[group].resident == dep.id:
             self.groups[group].resident = None
 
@@ -408,6 +451,8 @@ class ClusterDriver:
         gone = [d for d in self.deployments.values() if d.job == job_id]
         if not gone:
             raise NotFound(f"no deployment of job {job_id!r}")
+        if any(d.migrating for d in gone):
+            raise Conflict(f"a deployment of {job_id} is moving: delete it when it has landed")
         for dep in gone:
             sched = self.groups[dep.group]
             for op in sched.withdraw(dep.id):
@@ -431,6 +476,8 @@ class ClusterDriver:
             raise NotFound(f"no deployment {dep_id!r}")
         if kind not in USER_OPS:
             raise ConfigError(f"unknown operation {kind!r}; known: {', '.join(USER_OPS)}")
+        if dep.migrating:
+            raise Conflict(f"{dep_id} is moving to another node group: call again when it has")
         if kind in ("save_ckpt", "load_ckpt") and not isinstance(payload.get("path"), str):
             raise ConfigError(f"{kind} needs a path (a string) in its payload")
         rec = OpRecord(next(self._ids), dep_id, dep.job, kind, payload, self.now())
@@ -531,9 +578,17 @@ class ClusterDriver:
             await self._hint(dep, "plan", upcoming=upcoming)
         if d.offload is not None or d.load is not None:
             t0 = self.clock()
-            if d.offload is not None and d.offload in self.deployments:
-                await self._move(self.deployments[d.offload], "offload", group)
-            await self._move(dep, "load", group)
+            offloaded = False
+            try:
+                if d.offload is not None and d.offload in self.deployments:
+                    await self._move(self.deployments[d.offload], "offload", group)
+                offloaded = True
+                await self._move(dep, "load", group)
+            except WorkerError as exc:  # the operation fails; the group holds what it held
+                sched.resident = None if offloaded else d.offload
+                self.counts["failed"] += 1
+                self._end(rec, OpStatus.FAILED, error=f"the switch to {dep.id} failed: {exc}")
+                return
             self.groups[group].resident = dep.id
             self._learn_switch(dep.id, self.clock() - t0)
             rec.setup_s = self.clock() - t0
@@ -553,6 +608,11 @@ class ClusterDriver:
         except (WorkerError, ConfigError) as exc:
             self.counts["failed"] += 1
             self._end(rec, OpStatus.FAILED, error=str(exc))
+            return
+        except Exception as exc:  # every accepted operation ends, with what went wrong
+            log.exception("%s %s", dep.id, rec.kind)
+            self.counts["failed"] += 1
+            self._end(rec, OpStatus.FAILED, error=f"{type(exc).__name__}: {exc}")
             return
         took = self.clock() - t0
         key = (dep.id, rec.kind)

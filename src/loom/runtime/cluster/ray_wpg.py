@@ -232,7 +232,10 @@ class RayWorkerGroup:
         """A call on the sidecar of every node holding this group's state, one result each."""
         import ray
 
-        return list(ray.get([a.call.remote(op, kw) for a in self._sidecars.values()], timeout=600))
+        actors = list(self._sidecars.values())
+        if op == "checkpoint":  # every node holds the whole replicated state: one writes it
+            actors = actors[:1]
+        return list(ray.get([a.call.remote(op, kw) for a in actors], timeout=600))
 
     def close(self) -> None:
         import ray

@@ -69,7 +69,7 @@ class WorkerGroupConfig:
     heads: int = 4
     seed: int = 0
     lr: float = 1e-3
-    device_bytes: int = 256 << 20  # the CPU device tier of each rank (a GPU's memory there)
+    device_bytes: int | None = None  # a rank's device tier on its own sidecar (None: all)
     host_bytes: int = 1 << 30
     disk_bytes: int = 4 << 30
     state_dir: Path | None = None
@@ -213,17 +213,21 @@ class WorkerGroup:
             self.running = op
             if not self.alive:
                 raise WorkerError(f"{self.config.name}: a worker process is gone")
-            for conn in self._conns:
-                conn.send((op, payload or {}))
             replies = []
-            deadline = time.monotonic() + timeout_s
-            for rank, conn in enumerate(self._conns):
-                while not conn.poll(0.2):
-                    if self._procs[rank].poll() is not None:
-                        raise WorkerError(f"{self.config.name}: rank {rank} died during {op}")
-                    if time.monotonic() > deadline:
-                        raise WorkerError(f"{self.config.name}: {op} ran past {timeout_s} s")
-                replies.append(conn.recv())
+            rank = 0
+            try:
+                for rank in range(len(self._conns)):  # (the rank is named if its send fails)
+                    self._conns[rank].send((op, payload or {}))
+                deadline = time.monotonic() + timeout_s
+                for rank, conn in enumerate(self._conns):
+                    while not conn.poll(0.2):
+                        if self._procs[rank].poll() is not None:
+                            raise WorkerError(f"{self.config.name}: rank {rank} died during {op}")
+                        if time.monotonic() > deadline:
+                            raise WorkerError(f"{self.config.name}: {op} ran past {timeout_s} s")
+                    replies.append(conn.recv())
+            except (OSError, EOFError):  # its end of the connection is gone: the process too
+                raise WorkerError(f"{self.config.name}: rank {rank} died during {op}") from None
             errors = [f"rank {r}: {m['error']}" for r, m in enumerate(replies) if m.get("error")]
             if errors:
                 raise WorkerError(f"{self.config.name} {op}: " + "; ".join(errors))
