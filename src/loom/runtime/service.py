@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
+from typing import Self
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -206,7 +207,7 @@ class BackgroundApp:
         except BaseException as exc:  # surfaced by start()/stop()
             self._error = exc
 
-    def start(self, timeout_s: float = 30.0) -> BackgroundApp:
+    def start(self, timeout_s: float = 30.0) -> Self:
         self._thread.start()
         deadline = time.monotonic() + timeout_s
         while not self._server.started:
@@ -223,7 +224,7 @@ class BackgroundApp:
         self._sock.close()
         assert not self._thread.is_alive(), f"the {self.name} did not stop"
 
-    def __enter__(self) -> BackgroundApp:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(

@@ -426,6 +426,11 @@ class StateManager:
         target.meta = dict(meta or {})
         return stored
 
+    def is_loaded(self, deployment: str) -> bool:
+        """Whether the deployment's state is on its devices (unknown deployments: no)."""
+        dep = self._deps.get(deployment)
+        return dep is not None and dep.loaded
+
     def meta(self, deployment: str) -> dict[str, Any]:
         """The owner's notes on a deployment (kept with its state, carried by a migration)."""
         return self._dep(deployment).meta

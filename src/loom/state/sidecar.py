@@ -391,7 +391,7 @@ class _Server:
     def _load(self, items: dict[int, dict[str, Any]]) -> dict[int, Any]:
         mapper = _Mapper()
         dep = items[min(items)]["dep"]
-        if self.sm.deployments().get(dep, {}).get("loaded"):
+        if self.sm.is_loaded(dep):
             raise StateError(f"{dep} is loaded here already: its ranks and the sidecar disagree")
         try:
             for rank in sorted(items):

@@ -53,10 +53,3 @@ class BackgroundServer(BackgroundApp):
             name="action server",
             log_level=log_level,
         )
-
-    def start(self, timeout_s: float = 30.0) -> BackgroundServer:
-        super().start(timeout_s)
-        return self
-
-    def __enter__(self) -> BackgroundServer:
-        return self.start()

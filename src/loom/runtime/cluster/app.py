@@ -250,13 +250,6 @@ class BackgroundCluster(BackgroundApp):
             log_level=log_level,
         )
 
-    def start(self, timeout_s: float = 30.0) -> BackgroundCluster:
-        super().start(timeout_s)
-        return self
-
-    def __enter__(self) -> BackgroundCluster:
-        return self.start()
-
 
 def serve(config: ClusterConfig, log_level: str = "info", on_bound: Any = None) -> None:
     """Serve until interrupted; queued operations are cancelled and WPGs stop on the way out."""

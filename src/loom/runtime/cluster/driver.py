@@ -198,7 +198,6 @@ class ClusterDriver:
             GroupScheduler(OP_POLICIES.get(self.policy)(), self._setup_estimate)
             for _ in range(groups)
         ]
-        self._busy = [False] * groups
         # PlexRL's placement over the node groups (one timeline node each): cold starts take a
         # group of their own, profiled traces are fitted with a phase shift
         self.placement = PlexPlacement(
@@ -272,7 +271,7 @@ class ClusterDriver:
         # a new deployment starts resident; if its group holds another or is busy, it waits
         # offloaded for its turn (one job's state on the group's devices at a time)
         sched = self.groups[group]
-        if sched.resident is None and not self._busy[group]:
+        if sched.resident is None and sched.running is None:
             sched.resident = dep_id
         else:
             try:
@@ -527,13 +526,11 @@ class ClusterDriver:
         task.add_done_callback(self._tasks.discard)
 
     def _pump(self, group: int) -> None:
-        if self._busy[group] or self._closing:
+        if self._closing:
             return
-        sched = self.groups[group]
-        d = sched.next(self.now())
+        d = self.groups[group].next(self.now())  # (none while one runs)
         if d is None:
             return
-        self._busy[group] = True
         self._spawn(self._run(group, d))
 
     async def _hint(self, dep: Deployment, kind: str, upcoming: Sequence[str] = ()) -> None:
@@ -567,7 +564,6 @@ class ClusterDriver:
                 await self._switch_and_execute(group, d, dep, rec)
         finally:
             self.groups[group].done(d.op.op_id)
-            self._busy[group] = False
             self._pump(group)
 
     async def _switch_and_execute(self, group: int, d: Any, dep: Deployment, rec: OpRecord) -> None:

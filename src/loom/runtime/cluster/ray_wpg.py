@@ -18,7 +18,13 @@ import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from loom.runtime.cluster.wpg import OPS, WorkerError, WorkerGroupConfig, _free_port, _Worker
+from loom.runtime.cluster.wpg import (
+    OneAtATime,
+    WorkerError,
+    WorkerGroupConfig,
+    _free_port,
+    _Worker,
+)
 from loom.state.sidecar import SidecarConfig, StateSidecar
 
 __all__ = [
@@ -126,7 +132,7 @@ def node_sidecar(node_id: str, gpus: int, namespace: str | None = None) -> Any:
 
 
 @dataclass
-class RayWorkerGroup:
+class RayWorkerGroup(OneAtATime):
     config: WorkerGroupConfig
     gpus_per_rank: float = 0.0
     placement_timeout_s: float = 60.0
@@ -200,33 +206,15 @@ class RayWorkerGroup:
     def alive(self) -> bool:
         return bool(self._actors)
 
-    def run(
-        self, op: str, payload: dict[str, Any] | None = None, timeout_s: float = 600.0
-    ) -> dict[str, Any]:
+    def _run_ranks(self, op: str, payload: dict[str, Any], timeout_s: float) -> list[Any]:
         import ray
 
-        if op not in OPS:
-            raise WorkerError(f"unknown operation {op!r}")
-        if not self._lock.acquire(blocking=False):
-            raise WorkerError(
-                f"{self.config.name}: {self.running} is running; one operation at a time"
-            )
         try:
-            self.running = op
-            try:
-                replies = ray.get(
-                    [a.run.remote(op, payload or {}) for a in self._actors], timeout=timeout_s
-                )
-            except Exception as exc:
-                raise WorkerError(f"{self.config.name} {op}: {exc}") from None
-            if op == "sync_weights" and len({r["digest"] for r in replies}) != 1:
-                raise WorkerError(f"{self.config.name}: replicas disagree on the weights")
-            self.ops_run += 1
-            result: dict[str, Any] = replies[0]
-            return result
-        finally:
-            self.running = None
-            self._lock.release()
+            return list(
+                ray.get([a.run.remote(op, payload) for a in self._actors], timeout=timeout_s)
+            )
+        except Exception as exc:
+            raise WorkerError(f"{self.config.name} {op}: {exc}") from None
 
     def state(self, op: str, **kw: Any) -> list[Any]:
         """A call on the sidecar of every node holding this group's state, one result each."""

@@ -40,7 +40,7 @@ from typing import Any
 from loom.core.errors import ConfigError
 from loom.state.sidecar import TOKEN_ENV, SidecarConfig, StateClient, StateSidecar
 
-__all__ = ["OPS", "WorkerError", "WorkerGroup", "WorkerGroupConfig"]
+__all__ = ["OPS", "OneAtATime", "WorkerError", "WorkerGroup", "WorkerGroupConfig"]
 
 OPS = (
     "forward",
@@ -89,8 +89,44 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class OneAtATime:
+    """What every worker group does around an operation, however its ranks run: a known
+    operation, one at a time, the replicas agreeing on the weights, rank 0's result."""
+
+    config: WorkerGroupConfig
+    _lock: threading.Lock
+    running: str | None
+    ops_run: int
+
+    def run(
+        self, op: str, payload: dict[str, Any] | None = None, timeout_s: float = 600.0
+    ) -> dict[str, Any]:
+        """Run `op` on every rank and return rank 0's result; one operation at a time."""
+        if op not in OPS:
+            raise ConfigError(f"unknown operation {op!r}; known: {', '.join(OPS)}")
+        if not self._lock.acquire(blocking=False):
+            raise WorkerError(
+                f"{self.config.name}: {self.running} is running; one operation at a time"
+            )
+        try:
+            self.running = op
+            results = self._run_ranks(op, payload or {}, timeout_s)
+            if op == "sync_weights" and len({r["digest"] for r in results}) != 1:
+                raise WorkerError(f"{self.config.name}: replicas disagree on the weights")
+            self.ops_run += 1
+            result: dict[str, Any] = results[0]
+            return result
+        finally:
+            self.running = None
+            self._lock.release()
+
+    def _run_ranks(self, op: str, payload: dict[str, Any], timeout_s: float) -> list[Any]:
+        """Every rank's result of `op`, in rank order."""
+        raise NotImplementedError
+
+
 @dataclass
-class WorkerGroup:
+class WorkerGroup(OneAtATime):
     """The service-side handle of one WPG."""
 
     config: WorkerGroupConfig
@@ -99,6 +135,7 @@ class WorkerGroup:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _tmp: tempfile.TemporaryDirectory[str] | None = None
     state_token: bytes | None = None  # the sidecar's, with config.state_address
+    _state_address: str | None = None  # the sidecar its ranks use (its own, or the node's)
     _sidecar: StateSidecar | None = None  # a private one, when no address was given
     running: str | None = None  # the operation in flight, if any
     ops_run: int = 0
@@ -191,7 +228,7 @@ class WorkerGroup:
 
     def state(self, op: str, **kw: Any) -> list[Any]:
         """A call on the sidecar(s) holding this group's state, one result per node."""
-        assert self.state_token is not None, "start the group first"
+        assert self.state_token is not None and self._state_address, "start the group first"
         with StateClient(self._state_address, self.state_token, timeout_s=600) as c:
             return [c.call(op, **kw)]
 
@@ -199,48 +236,28 @@ class WorkerGroup:
     def pids(self) -> list[int]:
         return [p.pid for p in self._procs]
 
-    def run(
-        self, op: str, payload: dict[str, Any] | None = None, timeout_s: float = 600.0
-    ) -> dict[str, Any]:
-        """Run `op` on every rank and return rank 0's result; one operation at a time."""
-        if op not in OPS:
-            raise ConfigError(f"unknown operation {op!r}; known: {', '.join(OPS)}")
-        if not self._lock.acquire(blocking=False):
-            raise WorkerError(
-                f"{self.config.name}: {self.running} is running; one operation at a time"
-            )
+    def _run_ranks(self, op: str, payload: dict[str, Any], timeout_s: float) -> list[Any]:
+        if not self.alive:
+            raise WorkerError(f"{self.config.name}: a worker process is gone")
+        replies = []
+        rank = 0
         try:
-            self.running = op
-            if not self.alive:
-                raise WorkerError(f"{self.config.name}: a worker process is gone")
-            replies = []
-            rank = 0
-            try:
-                for rank in range(len(self._conns)):  # (the rank is named if its send fails)
-                    self._conns[rank].send((op, payload or {}))
-                deadline = time.monotonic() + timeout_s
-                for rank, conn in enumerate(self._conns):
-                    while not conn.poll(0.2):
-                        if self._procs[rank].poll() is not None:
-                            raise WorkerError(f"{self.config.name}: rank {rank} died during {op}")
-                        if time.monotonic() > deadline:
-                            raise WorkerError(f"{self.config.name}: {op} ran past {timeout_s} s")
-                    replies.append(conn.recv())
-            except (OSError, EOFError):  # its end of the connection is gone: the process too
-                raise WorkerError(f"{self.config.name}: rank {rank} died during {op}") from None
-            errors = [f"rank {r}: {m['error']}" for r, m in enumerate(replies) if m.get("error")]
-            if errors:
-                raise WorkerError(f"{self.config.name} {op}: " + "; ".join(errors))
-            if op == "sync_weights":
-                digests = {m["result"]["digest"] for m in replies}
-                if len(digests) != 1:
-                    raise WorkerError(f"{self.config.name}: replicas disagree on the weights")
-            self.ops_run += 1
-            result: dict[str, Any] = replies[0]["result"]
-            return result
-        finally:
-            self.running = None
-            self._lock.release()
+            for rank in range(len(self._conns)):  # (the rank is named if its send fails)
+                self._conns[rank].send((op, payload))
+            deadline = time.monotonic() + timeout_s
+            for rank, conn in enumerate(self._conns):
+                while not conn.poll(0.2):
+                    if self._procs[rank].poll() is not None:
+                        raise WorkerError(f"{self.config.name}: rank {rank} died during {op}")
+                    if time.monotonic() > deadline:
+                        raise WorkerError(f"{self.config.name}: {op} ran past {timeout_s} s")
+                replies.append(conn.recv())
+        except (OSError, EOFError):  # its end of the connection is gone: the process too
+            raise WorkerError(f"{self.config.name}: rank {rank} died during {op}") from None
+        errors = [f"rank {r}: {m['error']}" for r, m in enumerate(replies) if m.get("error")]
+        if errors:
+            raise WorkerError(f"{self.config.name} {op}: " + "; ".join(errors))
+        return [m["result"] for m in replies]
 
     def close(self) -> None:
         """Stop the ranks and drop the deployment's state from the sidecar."""
@@ -259,7 +276,7 @@ class WorkerGroup:
         if self._sidecar is not None:
             self._sidecar.close()
             self._sidecar = None
-        elif self.state_token is not None and getattr(self, "_state_address", None):
+        elif self.state_token is not None and self._state_address is not None:
             drop_state(self._state_address, self.state_token, self.config.name)
         if self._tmp is not None:
             self._tmp.cleanup()
