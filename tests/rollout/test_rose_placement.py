@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loom.core.errors import ConfigError
-from loom.rollout.policy import ROUTERS, PlacementKind, QueueingRouter
+from loom.rollout.policy import ROUTERS, PlacementKind, Router
 from loom.rollout.rose import RosePlacement, RoutingKind
 
 
@@ -65,7 +65,8 @@ class Traj:
 
 def test_the_placement_is_registered_and_queues() -> None:
     p = ROUTERS.get(PlacementKind.ROSE)(cap_per_gpu=2)
-    assert isinstance(p, RosePlacement) and isinstance(p, QueueingRouter)
+    assert isinstance(p, RosePlacement) and isinstance(p, Router)
+    assert type(p).drain is not Router.drain  # it has a central queue of its own
     with pytest.raises(ConfigError, match="lease_s"):
         RosePlacement(lease_s=-1)
 

@@ -1,8 +1,26 @@
-"""Exceptions shared by every level: a caller's broken contract raises one of these."""
+"""Exceptions shared by every level: a caller's broken contract raises one of these.
+
+The kinds a service answers with are defined once here (`InvalidRequest`, `NotFound`,
+`Conflict`, `Unavailable`, ...) and mapped to HTTP status codes in one place,
+`http_status`, which every service uses: domain code raises a kind, never a status code.
+"""
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "LoomError", "ServiceError", "UnknownPolicyError"]
+__all__ = [
+    "ConfigError",
+    "Conflict",
+    "InvalidRequest",
+    "LoomError",
+    "NotFound",
+    "ServiceError",
+    "TooLarge",
+    "Unauthorized",
+    "Unavailable",
+    "UnknownPolicyError",
+    "UpstreamError",
+    "http_status",
+]
 
 
 class LoomError(Exception):
@@ -11,6 +29,41 @@ class LoomError(Exception):
 
 class ConfigError(LoomError, ValueError):
     """A configuration or input value is invalid; the message says which and why."""
+
+
+class InvalidRequest(LoomError, ValueError):
+    """A request is malformed or asks for what cannot be done (400)."""
+
+
+class TooLarge(InvalidRequest):
+    """A request is larger than the service takes (413)."""
+
+
+class Unauthorized(LoomError):
+    """The request lacks the service's token (401)."""
+
+
+class NotFound(LoomError, KeyError):
+    """What the request names does not exist (404)."""
+
+    def __str__(self) -> str:  # KeyError quotes its argument; keep the message readable
+        return str(self.args[0]) if self.args else "not found"
+
+
+class Conflict(LoomError):
+    """The request contradicts the service's state (409)."""
+
+
+class Unavailable(LoomError):
+    """The service cannot serve it now: no worker, shutting down (503)."""
+
+
+class UpstreamError(LoomError):
+    """A backend the service relies on failed (502); `status` relays a backend's own 4xx."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class UnknownPolicyError(LoomError, KeyError):
@@ -27,3 +80,25 @@ class ServiceError(RuntimeError):
         super().__init__(f"{status}: {message}")
         self.status = status
         self.message = message
+
+
+_STATUS: tuple[tuple[type[BaseException], int], ...] = (
+    (TooLarge, 413),
+    (InvalidRequest, 400),
+    (ConfigError, 400),
+    (Unauthorized, 401),
+    (NotFound, 404),
+    (UnknownPolicyError, 400),
+    (Conflict, 409),
+    (Unavailable, 503),
+)
+
+
+def http_status(exc: BaseException) -> int:
+    """The HTTP status a service answers `exc` with: 500 for what is no Loom error kind."""
+    if isinstance(exc, UpstreamError):
+        return exc.status or 502
+    for kind, status in _STATUS:
+        if isinstance(exc, kind):
+            return status
+    return 500

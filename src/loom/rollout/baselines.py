@@ -10,6 +10,7 @@ from loom.rollout.policy import (
     ROUTERS,
     SCHEDULERS,
     PlacementKind,
+    Router,
     SchedulerKind,
     TrajectoryView,
     WorkerView,
@@ -71,7 +72,7 @@ def _least_loaded(workers: Sequence[WorkerView]) -> int:
 
 @ROUTERS.register(PlacementKind.CACHE_AWARE)
 @dataclass
-class CacheAwareRouter:
+class CacheAwareRouter(Router):
     """verl: pin each trajectory to one worker (spread in submission order) for its whole life."""
 
     def __post_init__(self) -> None:
@@ -99,49 +100,34 @@ class CacheAwareRouter:
     def join(self, t: TrajectoryView, workers: Sequence[WorkerView]) -> None:
         self._pin.setdefault(t.traj_id, _least_loaded(workers))
 
+    def home(self, traj_id: int) -> int | None:
+        return self._pin.get(traj_id)
+
     def route(self, t: TrajectoryView, workers: Sequence[WorkerView], now: float) -> int:
         if t.traj_id not in self._pin:
             self._pin[t.traj_id] = _least_loaded(workers)
         return self._pin[t.traj_id]
 
-    def migrate(self, t: TrajectoryView, workers: Sequence[WorkerView], now: float) -> int | None:
-        return None
-
     def finish(self, t: TrajectoryView) -> None:
         self._pin.pop(t.traj_id, None)
-
-    def stale(self) -> Sequence[int]:
-        return ()
 
 
 @ROUTERS.register(PlacementKind.LEAST_LOAD)
 @dataclass
-class LeastLoadRouter:
+class LeastLoadRouter(Router):
     """slime: every turn goes to the worker with the fewest outstanding turns."""
 
     def start(self, trajs: Sequence[TrajectoryView], workers: Sequence[WorkerView]) -> None:
         if not workers:
             raise ConfigError("routing needs at least one worker")
 
-    def join(self, t: TrajectoryView, workers: Sequence[WorkerView]) -> None:
-        return None
-
     def route(self, t: TrajectoryView, workers: Sequence[WorkerView], now: float) -> int:
         return _least_loaded(workers)
-
-    def migrate(self, t: TrajectoryView, workers: Sequence[WorkerView], now: float) -> int | None:
-        return None
-
-    def finish(self, t: TrajectoryView) -> None:
-        return None
-
-    def stale(self) -> Sequence[int]:
-        return ()
 
 
 @ROUTERS.register(PlacementKind.HYBRID)
 @dataclass
-class HybridRouter:
+class HybridRouter(Router):
     """verl* / SGLang router: if max load / min load exceeds `threshold`, least-load;
     otherwise the worker holding the longest cached prefix (least-load when none does)."""
 
@@ -155,9 +141,6 @@ class HybridRouter:
         if not workers:
             raise ConfigError("routing needs at least one worker")
 
-    def join(self, t: TrajectoryView, workers: Sequence[WorkerView]) -> None:
-        return None
-
     def route(self, t: TrajectoryView, workers: Sequence[WorkerView], now: float) -> int:
         loads = [w.load for w in workers]
         if max(loads) > self.threshold * max(min(loads), 1):
@@ -166,12 +149,3 @@ class HybridRouter:
         if best.cached_tokens(t.traj_id) == 0:
             return _least_loaded(workers)
         return best.idx
-
-    def migrate(self, t: TrajectoryView, workers: Sequence[WorkerView], now: float) -> int | None:
-        return None
-
-    def finish(self, t: TrajectoryView) -> None:
-        return None
-
-    def stale(self) -> Sequence[int]:
-        return ()

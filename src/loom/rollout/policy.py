@@ -11,13 +11,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 from loom.core.registry import Registry
 
 __all__ = [
     "PlacementKind",
-    "QueueingRouter",
     "ResourcePlanner",
     "Router",
     "SchedulerKind",
@@ -81,8 +80,10 @@ class TurnScheduler(Protocol):
         """Whether a waiting turn with key `waiting` may preempt one running with `running`."""
 
 
-class Router(Protocol):
-    """Places trajectories on workers."""
+class Router:
+    """Places trajectories on workers. A base class: every hook but `route` has a no-op
+    default, so a driver calls each hook on every router (no `isinstance` checks) and a
+    placement overrides only the hooks it needs."""
 
     def start(self, trajs: Sequence[TrajectoryView], workers: Sequence[WorkerView]) -> None:
         """Called before the first turn with every trajectory of a batch. The simulator calls it
@@ -93,14 +94,22 @@ class Router(Protocol):
     def join(self, t: TrajectoryView, workers: Sequence[WorkerView]) -> None:
         """A trajectory that no declared batch named arrives (runtime only): track it."""
 
-    def route(self, t: TrajectoryView, workers: Sequence[WorkerView], now: float) -> int:
-        """The worker that runs `t`'s next turn. A router with a central queue (`QueueingRouter`)
-        may return None instead: it holds the turn until its `drain` places it."""
+    def route(self, t: TrajectoryView, workers: Sequence[WorkerView], now: float) -> int | None:
+        """The worker that runs `t`'s next turn, or None: the router holds the turn in a
+        central queue of its own until `drain` places it (ROSE's). Only routers that
+        override `drain` may return None."""
+        raise NotImplementedError
+
+    def home(self, traj_id: int) -> int | None:
+        """The worker `traj_id`'s next turn would go to as planned now, or None where the
+        router places turns only when they are ready. A read: nothing is placed."""
+        return None
 
     def migrate(self, t: TrajectoryView, workers: Sequence[WorkerView], now: float) -> int | None:
         """Called when `t` starts a tool call, or while it waits (in a tool call or a queue)
         after `stale` named it: a worker to move it and its KV cache to, or None to leave it
         where it is."""
+        return None
 
     def finish(self, t: TrajectoryView) -> None:
         """Called when `t` has finished its last turn."""
@@ -108,17 +117,16 @@ class Router(Protocol):
     def stale(self) -> Sequence[int]:
         """Trajectories (ids) that the router would now place elsewhere although nothing new
         is known about them (e.g. the active set shrank); called after every turn."""
-
-
-@runtime_checkable
-class QueueingRouter(Protocol):
-    """A router that may hold turns no worker can take now (ROSE's central queue)."""
+        return ()
 
     def drain(self, workers: Sequence[WorkerView], now: float) -> list[tuple[int, int]]:
-        """Capacity changed: held turns that now fit, as (trajectory id, worker index)."""
+        """Capacity changed: turns held by `route` that now fit, as (trajectory id, worker
+        index). Routers without a central queue hold nothing."""
+        return []
 
     def withdraw(self, traj_id: int) -> bool:
-        """A held turn is gone (its client left): forget it."""
+        """A held turn is gone (its client left): forget it. Whether one was held."""
+        return False
 
     def release(self, traj_id: int) -> None:
         """The trajectory's worker gave its turn back (aborted, stalled, failed)."""

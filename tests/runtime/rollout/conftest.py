@@ -82,7 +82,7 @@ def rig() -> Iterator[Callable[..., Rig]]:
     for r in made:
         r.http.close()
         stuck = r.router.call(
-            lambda d: [t.key for t in d.trajectories.values() if t.active is not None]
+            lambda d: [t.key for t in d.trajectories.values() if t.active]
         )
         r.router.stop()
         assert not stuck, f"turns left in flight: {stuck}"

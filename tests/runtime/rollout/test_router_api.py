@@ -42,7 +42,7 @@ def test_generate_streams_cumulative_chunks_like_sglang(rig) -> None:
 def test_openai_completions_stream_and_usage(rig) -> None:
     r: Rig = rig(1)
     body = {
-        "model": "x",
+        "model": "standin",
         "prompt": [4, 5, 6, 7],
         "max_tokens": 5,
         "ignore_eos": True,
@@ -78,13 +78,13 @@ def test_text_prompts_are_tokenized_by_the_engine(rig) -> None:
     assert gen.json()["meta_info"]["prompt_tokens"] == 2
 
 
-def test_chat_needs_an_engine_that_applies_a_chat_template(rig) -> None:
-    r: Rig = rig(1)
+def test_chat_needs_a_tokenizer_or_an_engine_that_applies_a_chat_template(rig) -> None:
+    r: Rig = rig(1)  # SGLang stand-ins, whose model no tokenizer loads
     resp = r.http.post(
         "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}
     )
     assert resp.status_code == 400
-    assert "engine refused" in resp.json()["error"]["message"]
+    assert "tokenizer" in resp.json()["error"]["message"]
 
 
 @pytest.mark.parametrize(
@@ -103,7 +103,7 @@ def test_every_trajectory_key_clients_send_is_honoured(rig, headers, body) -> No
         req = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 4}, **body}
         assert r.http.post("/generate", json=req, headers=headers).status_code == 200
     view = r.http.get("/v1/trajectories/k").json()
-    assert view["turns"] == 2 and view["in_flight"] is None
+    assert view["turns"] == 2 and view["in_flight"] == 0
     ended = r.http.post("/v1/trajectories/k/end").json()
     assert ended == {"id": "k", "turns": 2, "generated": view["generated"], "ended": True}
     assert r.http.get("/v1/trajectories/k").status_code == 404
@@ -116,7 +116,9 @@ def test_a_request_without_a_key_is_a_one_turn_trajectory(rig) -> None:
     assert stats["trajectories"]["active"] == 0 and stats["policy"]["finished"] == 1
 
 
-def test_one_turn_at_a_time_per_trajectory(rig) -> None:
+def test_turns_of_one_trajectory_may_run_together(rig) -> None:
+    """Agent frameworks branch: a second request of the same trajectory is served while the
+    first streams, and the trajectory counts both."""
     r: Rig = rig(1, step_ms=5)
     body = {
         "input_ids": [1],
@@ -126,10 +128,14 @@ def test_one_turn_at_a_time_per_trajectory(rig) -> None:
     with r.http.stream("POST", "/generate", json=body, headers={"X-Trajectory-Id": "t"}) as s:
         lines = s.iter_lines()  # kept: a dropped iterator closes the stream
         next(lines)
-        second = r.gen("t", 4)
-        assert second.status_code == 409, second.text
-        assert "one at a time" in second.json()["error"]["message"]
+        second = r.gen("t", 4, prompt=[1, 2, 3, 4, 5])
+        assert second.status_code == 200, second.text
+        assert len(second.json()["output_ids"]) == 4
+        assert r.http.get("/v1/trajectories/t").json()["in_flight"] == 1  # the first, still
         list(lines)
+    view = r.http.get("/v1/trajectories/t").json()
+    assert view["turns"] == 2 and view["generated"] == 204 and view["in_flight"] == 0
+    assert view["context"] == 201  # the longer branch: 1 + 200
 
 
 def test_declared_batch_gets_a_plan(rig) -> None:
@@ -155,14 +161,41 @@ def test_declared_batch_gets_a_plan(rig) -> None:
     [
         ("/generate", b"{not json", 400, "not valid JSON"),
         ("/generate", b"[1, 2]", 400, "JSON object"),
-        ("/generate", b'{"input_ids": [1], "sampling_params": {"temperature": NaN}}', 400, "NaN"),
-        ("/generate", b'{"input_ids": [1], "sampling_params": {"top_p": Infinity}}', 400, "Inf"),
+        (
+            "/generate",
+            b'{"input_ids": [1], "sampling_params": {"temperature": NaN}}',
+            400,
+            "not valid JSON",
+        ),
+        ("/generate", b'{"input_ids": [1], "sampling_params": {"top_p": 1e999}}', 400,
+         "infinity"),
+        ("/generate", b'{"input_ids": [1], "sampling_params": {"top_p": "x"}}', 400, "top_p"),
         ("/generate", b'{"input_ids": []}', 400, "non-empty"),
         ("/generate", b'{"input_ids": [1, -2]}', 400, "non-negative"),
         ("/generate", b'{"input_ids": [[1], [2]]}', 400, "batched"),
-        ("/generate", b'{"input_ids": [1], "sampling_params": {"max_new_tokens": 0}}', 400, ">= 1"),
-        ("/generate", b'{"input_ids": [1], "return_logprob": true}', 400, "return_logprob"),
-        ("/v1/completions", b'{"prompt": [1], "n": 2}', 400, "n > 1"),
+        (
+            "/generate",
+            b'{"input_ids": [1], "sampling_params": {"max_new_tokens": 0}}',
+            400,
+            "generates nothing",
+        ),
+        ("/generate", b'{"input_ids": [1], "lora_path": "x"}', 400, "lora_path"),
+        ("/generate", b'{"input_ids": [1], "sampling_params": {"frobnicate": 1}}', 400,
+         "sampling_params.frobnicate"),
+        ("/generate", b'{"input_ids": [1], "image_data": ["x"]}', 400, "image_data"),
+        ("/generate", b'{"input_ids": [1, 2], "return_logprob": true, "logprob_start_len": 2}',
+         400, "logprob_start_len"),
+        ("/v1/completions", b'{"prompt": [1], "n": 0}', 400, "n must be"),
+        ("/v1/completions", b'{"prompt": [1], "guided_json": {}}', 400, "structured_outputs"),
+        ("/v1/completions", b'{"prompt": [1], "allowed_token_ids": [1]}', 400,
+         "not honoured by sglang"),
+        ("/v1/completions", b'{"prompt": [1], "echo": true}', 400, "echo"),
+        ("/v1/completions", b'{"prompt": [1], "frobnicate": 1}', 400, "frobnicate"),
+        ("/v1/completions", b'{"prompt": [1], "prompt_logprobs": 1, "stream": true}', 400,
+         "streaming"),
+        ("/v1/completions", b'{"prompt": [1], "model": "other"}', 404, "does not exist"),
+        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}], '
+         b'"tool_choice": "auto"}', 400, "tool_choice"),
         ("/v1/completions", b'{"prompt": ["a", "b"]}', 400, "one prompt"),
         (
             "/v1/completions",
@@ -259,14 +292,24 @@ def test_gateway_shaped_worker_registry(rig) -> None:
     extra = start_standin()
     r.engines.append(extra)
     resp = r.http.post("/workers", json={"url": extra.url, "worker_type": "regular"})
-    assert resp.status_code == 201
+    assert resp.status_code == 202 and resp.json()["worker_id"] == "e1"
+    again = r.http.post("/workers", json={"url": extra.url, "worker_type": "regular"})
+    assert again.status_code == 202 and again.json()["worker_id"] == "e1"  # the same worker
+    pd = r.http.post("/workers", json={"url": extra.url, "worker_type": "prefill",
+                                       "bootstrap_port": 9000})
+    assert pd.status_code == 400 and "prefill" in pd.json()["error"]["message"]
+    workers = r.http.get("/workers").json()
+    assert workers["total"] == 2 and workers["stats"]["regular_count"] == 2
+    assert {w["engine_url"] for w in workers["workers"]} == {r.engines[0].url, extra.url}
+    assert {w["url"] for w in workers["workers"]} == {r.router.url}  # aborts come here
+    assert r.http.get("/workers/e1").json()["engine_url"] == extra.url
     loads = r.http.get("/v1/loads").json()["loads"]
-    assert {x["worker"] for x in loads} == {r.engines[0].url, extra.url}
-    assert r.http.delete(f"/workers/{extra.url}").status_code == 202
-    assert (
-        r.http.post("/add_worker", params={"url": extra.url}).status_code == 201
-    )  # it was idle: gone
-    assert r.http.post("/remove_worker", params={"url": r.engines[0].url}).status_code == 202
+    assert {x["worker"] for x in loads} == {r.engines[0].url, extra.url, "router"}
+    assert r.http.delete("/workers/e1").status_code == 202
+    assert r.http.get("/workers/e1").status_code == 404  # it was idle: gone
+    assert r.http.post("/add_worker", params={"url": extra.url}).status_code == 200
+    assert r.http.get("/list_workers").json()["urls"] == [r.engines[0].url, extra.url]
+    assert r.http.post("/remove_worker", params={"url": r.engines[0].url}).status_code == 200
 
 
 def test_incremental_sglang_streams_are_read_as_well(rig) -> None:

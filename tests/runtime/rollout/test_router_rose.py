@@ -48,7 +48,7 @@ def running_on(r: Rig, key: str) -> str | None:
     if resp.status_code != 200:
         return None
     view = resp.json()
-    return view["engine"] if view["in_flight"] == "running" else None
+    return view["engine"] if "running" in view["states"] else None
 
 
 def turn(r: Rig, key: str, n: int, prompt: list[int]) -> list[int]:

@@ -39,7 +39,7 @@ from sortedcontainers import SortedList
 
 from loom.core.errors import ConfigError
 from loom.rollout.heddle.placement import Placement, WorkerCost, presorted_dp_hetero
-from loom.rollout.policy import ROUTERS, PlacementKind, TrajectoryView, WorkerView
+from loom.rollout.policy import ROUTERS, PlacementKind, Router, TrajectoryView, WorkerView
 
 __all__ = ["GROWTH", "REPARTITION", "HeddleRouter"]
 
@@ -52,7 +52,7 @@ GROWTH = 0.1
 grown the tracked set by this fraction since it last ran."""
 
 
-class HeddleRouter:
+class HeddleRouter(Router):
     """Presorted-DP placement plus rank-based migration with scaled partition sizes."""
 
     def __init__(
@@ -110,6 +110,9 @@ class HeddleRouter:
         self._n0 = self._planned = len(trajs)
         for t in trajs:
             self._track(t)
+
+    def home(self, traj_id: int) -> int | None:
+        return self._home.get(traj_id)
 
     def join(self, t: TrajectoryView, workers: Sequence[WorkerView]) -> None:
         """A trajectory outside any declared batch (runtime): it takes the slice of its rank
@@ -253,4 +256,4 @@ class HeddleRouter:
         return j
 
 
-ROUTERS.add(PlacementKind.HEDDLE, HeddleRouter)  # type: ignore[arg-type]
+ROUTERS.add(PlacementKind.HEDDLE, HeddleRouter)

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from loom.core.errors import ConfigError
-from loom.rollout.policy import ROUTERS, PlacementKind, TrajectoryView, WorkerView
+from loom.rollout.policy import ROUTERS, PlacementKind, Router, TrajectoryView, WorkerView
 from loom.rollout.rose.scheduler import CAP_PER_GPU, ElasticRouter, RoutingKind, WorkerKind
 
 __all__ = ["LEASE_S", "RosePlacement"]
@@ -92,7 +92,7 @@ class _View:
         return self._placement.holds(traj_id, self._w, self.kind)
 
 
-class RosePlacement:
+class RosePlacement(Router):
     """`Router` over `ElasticRouter`; `route` may hold a turn (None) until `drain` places it."""
 
     def __init__(
@@ -111,13 +111,6 @@ class RosePlacement:
         self._size = 0  # workers indexed so far
 
     # ---- the Router interface ------------------------------------------------------------
-    def start(self, trajs: Sequence[TrajectoryView], workers: Sequence[WorkerView]) -> None:
-        """Nothing is planned ahead: every turn is placed when it is ready."""
-        return None
-
-    def join(self, t: TrajectoryView, workers: Sequence[WorkerView]) -> None:
-        return None
-
     def route(self, t: TrajectoryView, workers: Sequence[WorkerView], now: float) -> int | None:
         """The engine for `t`'s next turn, or None: it waits in the central queue."""
         self._now = now
@@ -155,9 +148,6 @@ class RosePlacement:
         self.router.finish(t.traj_id)
         self._trajs.pop(t.traj_id, None)
 
-    def stale(self) -> Sequence[int]:
-        return ()
-
     # ---- views ---------------------------------------------------------------------------
     @property
     def queued(self) -> int:
@@ -192,4 +182,4 @@ def _pending_context(t: TrajectoryView) -> int:
     return int(pending) if pending is not None else t.context
 
 
-ROUTERS.add(PlacementKind.ROSE, RosePlacement)  # type: ignore[arg-type]
+ROUTERS.add(PlacementKind.ROSE, RosePlacement)

@@ -2,60 +2,55 @@
 
 Inference, in the dialects clients already speak: `POST /v1/completions`,
 `POST /v1/chat/completions`, `GET /v1/models` (OpenAI, vLLM's fields) and `POST /generate`
-(SGLang's native token-in/token-out). Rollout control: `POST /v1/rollouts` declares a batch,
-`POST /v1/trajectories/{id}/end` ends one, `GET /v1/trajectories/{id}` reads one. Engines:
-`GET/POST /v1/engines`, `DELETE /v1/engines/{id}`, `PATCH /v1/engines/{id}` (what an engine's
-side reports: its weight version; a lent engine's room and serving slack), `PUT /v1/weights`
-(the current weight version), and the same registry shaped like SGLang's
-gateway (`GET/POST /workers`, `DELETE /workers/{id}`, `GET /v1/loads`) so launchers that
-register workers there work unchanged. Observability: `GET /v1/stats`, `GET /metrics`,
-`GET /health`.
+(SGLang's native token-in/token-out); `POST /abort_request` (SGLang: `rid` or `abort_all`)
+and `POST /abort_requests` (vLLM: `request_ids`) end requests with what they generated.
+Rollout control: `POST /v1/rollouts` declares a batch, `POST /v1/trajectories/{id}/end`
+ends one, `GET /v1/trajectories/{id}` reads one. Engines: `GET/POST /v1/engines`,
+`DELETE /v1/engines/{id}`, `PATCH /v1/engines/{id}` (what an engine's side reports: its
+weight version; a lent engine's room and serving slack), `PUT /v1/weights` (the current
+weight version), and the same registry shaped like SGLang's model gateway (`GET/POST
+/workers`, `GET/PUT/DELETE /workers/{id}`, `GET /v1/loads`, and the older `/add_worker`,
+`/remove_worker`, `/list_workers`) so that launchers and slime's abort loop work unchanged.
+Observability: `GET /v1/stats`, `GET /metrics`, `GET /health`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
+import orjson
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from loom.core.errors import NotFound, TooLarge, Unavailable, http_status
 from loom.runtime.rollout.config import EngineConfig, RolloutServerConfig
-from loom.runtime.rollout.driver import (
-    BatchEntry,
-    Conflict,
-    NoEngine,
-    RolloutDriver,
-    UnknownEngine,
-    UnknownTrajectory,
-    stable_id,
-)
-from loom.runtime.rollout.engines import EngineError, EngineRejected
+from loom.runtime.rollout.driver import BatchEntry, RolloutDriver, UnknownTrajectory, stable_id
+from loom.runtime.rollout.engines import Delta, EngineError
 from loom.runtime.rollout.protocol import (
     BadRequest,
-    Call,
     Dialect,
+    Renderer,
     error_body,
+    finish_call,
     parse_body,
     parse_call,
-    render_chunk,
     render_full,
-    render_usage_chunk,
     trajectory_key,
 )
-from loom.runtime.rollout.state import Turn
+from loom.runtime.rollout.state import EngineState
+from loom.runtime.rollout.turn import Turn, TurnState
 
 __all__ = ["DRIVER", "create_app"]
 
 DRIVER = web.AppKey("driver", RolloutDriver)
-_dumps = json.dumps
+_dumps = orjson.dumps
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
-    return web.Response(body=_dumps(data).encode(), status=status, content_type="application/json")
+    return web.Response(body=_dumps(data), status=status, content_type="application/json")
 
 
 def _error(message: str, status: int) -> web.Response:
@@ -89,6 +84,36 @@ class _Batch(BaseModel):
     trajectories: list[_Declared] = Field(min_length=1, max_length=100_000)
 
 
+class _Worker(BaseModel):
+    """SGLang's model gateway's `POST /workers` body (WorkerConfigRequest)."""
+
+    model_config = ConfigDict(extra="forbid")
+    url: str
+    worker_type: str = "regular"
+    bootstrap_port: int | None = None
+    model_id: str | None = None
+    api_key: str | None = None
+    priority: int | None = None
+    cost: float | None = None
+    runtime: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class _WorkerUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    labels: dict[str, str] | None = None
+    priority: int | None = None
+    cost: float | None = None
+
+
+class _Abort(BaseModel):
+    """SGLang's `POST /abort_request` body."""
+
+    model_config = ConfigDict(extra="allow")
+    rid: str | list[str] | None = None
+    abort_all: bool = False
+
+
 def create_app(config: RolloutServerConfig, driver: RolloutDriver | None = None) -> web.Application:
     app = web.Application(client_max_size=int(config.max_body_mb * 2**20), middlewares=[_errors])
     app[DRIVER] = driver or RolloutDriver(config)
@@ -105,7 +130,10 @@ def create_app(config: RolloutServerConfig, driver: RolloutDriver | None = None)
     r.add_post("/v1/completions", _inference(Dialect.COMPLETIONS))
     r.add_post("/v1/chat/completions", _inference(Dialect.CHAT))
     r.add_post("/generate", _inference(Dialect.GENERATE))
+    r.add_post("/abort_request", abort_request)
+    r.add_post("/abort_requests", abort_requests)
     r.add_get("/v1/models", models)
+    r.add_get("/get_model_info", model_info)
     r.add_post("/v1/rollouts", declare)
     r.add_get("/v1/trajectories/{id}", get_trajectory)
     r.add_post("/v1/trajectories/{id}/end", end_trajectory)
@@ -115,15 +143,20 @@ def create_app(config: RolloutServerConfig, driver: RolloutDriver | None = None)
     r.add_patch("/v1/engines/{id}", report_engine)
     r.add_put("/v1/weights", set_weights)
     r.add_get("/v1/weights", get_weights)
-    r.add_get("/workers", list_engines)
-    r.add_post("/workers", add_engine)
-    r.add_delete("/workers/{id:.+}", remove_engine)
-    r.add_post("/add_worker", add_worker_query)  # older SGLang router API (slime's launcher)
+    r.add_get("/workers", list_workers)
+    r.add_post("/workers", add_worker)
+    r.add_get("/workers/{id:.+}", get_worker)
+    r.add_put("/workers/{id:.+}", update_worker)
+    r.add_delete("/workers/{id:.+}", delete_worker)
+    r.add_post("/add_worker", add_worker_query)  # sglang-router <= 0.2 (older slime)
     r.add_post("/remove_worker", remove_worker_query)
+    r.add_get("/list_workers", list_worker_urls)
     r.add_get("/v1/loads", loads)
+    r.add_get("/get_loads", loads)
     r.add_get("/v1/stats", stats)
     r.add_get("/metrics", metrics)
     r.add_get("/health", health)
+    r.add_get("/health_generate", health)
     return app
 
 
@@ -135,26 +168,22 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     driver = request.app[DRIVER]
     try:
         resp = await handler(request)
-    except BadRequest as exc:
-        resp = _error(str(exc), exc.status)
-    except (UnknownTrajectory, UnknownEngine) as exc:
-        resp = _error(str(exc), 404)
-    except Conflict as exc:
-        resp = _error(str(exc), 409)
-    except NoEngine as exc:
-        resp = _error(str(exc), 503)
-    except EngineRejected as exc:
-        resp = _error(exc.detail, exc.status)
-    except EngineError as exc:
-        resp = _error(str(exc), 502)
-    except web.HTTPRequestEntityTooLarge as exc:
-        limit = driver.config.max_body_mb
-        resp = _error(f"the body is larger than the router's limit of {limit} MB", 413)
-        del exc
+    except web.HTTPRequestEntityTooLarge:
+        exc = TooLarge(
+            f"the body is larger than the router's limit of {driver.config.max_body_mb} MB"
+        )
+        resp = _error(str(exc), http_status(exc))
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         resp = _error(exc.reason, exc.status)
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception as exc:
+        status = http_status(exc)
+        if status == 500:
+            raise
+        resp = _error(str(exc), status)
     if resp.status >= 400:
         driver.metrics.errors.labels(str(resp.status)).inc()
     return resp
@@ -174,25 +203,32 @@ def _inference(dialect: Dialect) -> Handler:
         started = time.perf_counter()
         driver = request.app[DRIVER]
         body = await _read(request)
-        call = parse_call(dialect, body, None)
+        call = parse_call(dialect, body, request.headers, driver.registry.kinds(), driver.model)
+        if call.text_in_logprobs and driver.tokenizer is None:
+            raise BadRequest(
+                "return_text_in_logprobs needs the router's tokenizer (set `tokenizer`)"
+            )
         key = trajectory_key(request.headers, body)
         prompt = call.prompt_ids
         if prompt is None:
             assert call.tokenize is not None
             prompt = await driver.tokenize(call.tokenize)
-        _fit_context(driver, call, prompt)
-        turn = driver.submit(key, prompt, call.sampling, prompt_id=call.prompt_id)
+        prompt = finish_call(call, prompt, driver.max_model_len)
+        turns = driver.submit(key, prompt, call.request, n=call.n, prompt_id=call.prompt_id)
+        renderer = Renderer(call, driver.model, _texts(driver))
         try:
             if call.stream:
-                resp = await _stream(request, call, turn, driver.model)
+                resp = await _stream(request, renderer, turns, driver)
             else:
-                await turn.finished.wait()
-                if turn.error_status and turn.finish_reason == "error":
-                    resp = _error(turn.error or "the turn failed", turn.error_status)
+                for turn in turns:
+                    await turn.finished.wait()
+                failed = next((t for t in turns if t.state is TurnState.FAILED), None)
+                if failed is not None:
+                    resp = _error(failed.error or "the turn failed", failed.error_status)
                 else:
-                    resp = _json(render_full(call, turn, driver.model))
+                    resp = _json(render_full(renderer, turns, driver.version))
         except (asyncio.CancelledError, ConnectionResetError):
-            driver.abandon(turn)
+            driver.abandon(turns)
             raise
         driver.metrics.requests.labels(route).observe(time.perf_counter() - started)
         return resp
@@ -200,41 +236,86 @@ def _inference(dialect: Dialect) -> Handler:
     return handle
 
 
-def _fit_context(driver: RolloutDriver, call: Call, prompt: list[int]) -> None:
-    limit = driver.max_model_len
-    if limit is None:
+def _texts(driver: RolloutDriver) -> Callable[[Sequence[int]], list[str]] | None:
+    tok = driver.tokenizer
+    return tok.token_texts if tok is not None else None
+
+
+async def _updates(turns: Sequence[Turn]) -> AsyncIterator[tuple[Turn, Delta | None]]:
+    """Each turn's updates as they come, `(turn, None)` once a turn has ended."""
+    if len(turns) == 1:
+        turn = turns[0]
+        while (item := await turn.updates.get()) is not None:
+            yield turn, item
+        yield turn, None
         return
-    room = limit - len(prompt)
-    if room < 1:
-        raise BadRequest(f"the prompt has {len(prompt)} tokens; the model's context is {limit}")
-    if call.sampling["max_tokens"] > room:
-        raise BadRequest(
-            f"max_tokens {call.sampling['max_tokens']} exceeds the {room} tokens left in the "
-            f"model's context of {limit} after a prompt of {len(prompt)}"
-        )
+    merged: asyncio.Queue[tuple[Turn, Delta | None]] = asyncio.Queue()
+
+    async def forward(turn: Turn) -> None:
+        while True:
+            item = await turn.updates.get()
+            merged.put_nowait((turn, item))
+            if item is None:
+                return
+
+    tasks = [asyncio.get_running_loop().create_task(forward(t)) for t in turns]
+    try:
+        for _ in range(len(turns)):
+            while True:
+                pair = await merged.get()
+                yield pair
+                if pair[1] is None:
+                    break
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def _stream(request: web.Request, call: Call, turn: Turn, model: str) -> web.StreamResponse:
+async def _stream(
+    request: web.Request, renderer: Renderer, turns: Sequence[Turn], driver: RolloutDriver
+) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     resp.headers["Cache-Control"] = "no-cache"
     await resp.prepare(request)
-    first = True
-    while True:
-        item = await turn.updates.get()
-        if item is None:
-            break
-        chunk = render_chunk(call, turn, item.tokens, item.text, model, first=first, done=False)
-        first = False
-        await resp.write(b"data: " + _dumps(chunk).encode() + b"\n\n")
-    if turn.finish_reason == "error":
-        err = error_body(turn.error or "the turn failed", turn.error_status)
-        await resp.write(b"data: " + _dumps(err).encode() + b"\n\n")
-    else:
-        last = render_chunk(call, turn, [], "", model, first=first, done=True)
-        await resp.write(b"data: " + _dumps(last).encode() + b"\n\n")
-        if call.include_usage:
-            usage = render_usage_chunk(call, turn, model)
-            await resp.write(b"data: " + _dumps(usage).encode() + b"\n\n")
+    call = renderer.call
+    sent = {t.seq: 0 for t in turns}  # tokens streamed so far, per turn
+    first = {t.seq: True for t in turns}
+
+    async def send(obj: Any) -> None:
+        await resp.write(b"data: " + _dumps(obj) + b"\n\n")
+
+    if call.dialect is Dialect.CHAT:
+        for turn in turns:
+            await send(renderer.chat_role_chunk(turn))
+    failed: Turn | None = None
+    async for turn, item in _updates(turns):
+        start = sent[turn.seq]
+        end = len(turn.generated)
+        if item is not None:
+            if call.dialect is Dialect.GENERATE:
+                await send(renderer.sglang(turn, done=False, version=driver.version))
+            else:
+                await send(
+                    renderer.openai_chunk(
+                        turn, start, end, item.text, first=first[turn.seq], done=False
+                    )
+                )
+            sent[turn.seq] = end
+            first[turn.seq] = False
+            continue
+        if turn.state is TurnState.FAILED:
+            failed = failed or turn
+        elif call.dialect is Dialect.GENERATE:
+            await send(renderer.sglang(turn, done=True, version=driver.version))
+        else:
+            await send(
+                renderer.openai_chunk(turn, start, end, "", first=first[turn.seq], done=True)
+            )
+    if failed is not None:
+        await send(error_body(failed.error or "the turn failed", failed.error_status))
+    elif call.include_usage and call.dialect is not Dialect.GENERATE:
+        await send(renderer.usage_chunk(turns))
     await resp.write(b"data: [DONE]\n\n")
     await resp.write_eof()
     return resp
@@ -243,11 +324,58 @@ async def _stream(request: web.Request, call: Call, turn: Turn, model: str) -> w
 async def models(request: web.Request) -> web.Response:
     driver = request.app[DRIVER]
     if not driver.model:
-        raise NoEngine("no engine is registered")
+        raise Unavailable("no engine is registered")
     data = [{"id": driver.model, "object": "model", "owned_by": "loom", "created": 0}]
     if driver.max_model_len:
         data[0]["max_model_len"] = driver.max_model_len
     return _json({"object": "list", "data": data})
+
+
+async def model_info(request: web.Request) -> web.Response:
+    driver = request.app[DRIVER]
+    return _json(
+        {
+            "model_path": driver.model,
+            "is_generation": True,
+            "tokenizer_path": driver.tokenizer.source if driver.tokenizer else None,
+        }
+    )
+
+
+async def abort_request(request: web.Request) -> web.Response:
+    """SGLang's abort: `{"rid": ...}` or `{"abort_all": true}`. Each aborted request answers
+    with what it generated, finish reason abort."""
+    try:
+        body = _Abort.model_validate(await _read(request))
+    except ValidationError as exc:
+        raise BadRequest(f"invalid abort: {exc}") from None
+    driver = request.app[DRIVER]
+    rids = [body.rid] if isinstance(body.rid, str) else list(body.rid or ())
+    if not body.abort_all and not rids:
+        raise BadRequest("abort_request needs a rid or abort_all: true")
+    n = driver.abort(rids, everything=body.abort_all)
+    return _json({"aborted": n})
+
+
+async def abort_requests(request: web.Request) -> web.Response:
+    """vLLM's dev-mode abort: `{"request_ids": [...]}` (its `cmpl-{id}-0` names or the ids the
+    clients gave); an empty or missing list aborts every request."""
+    body = await _read(request)
+    ids = body.get("request_ids")
+    if ids is not None and not (isinstance(ids, list) and all(isinstance(i, str) for i in ids)):
+        raise BadRequest("request_ids must be a list of strings")
+    driver = request.app[DRIVER]
+    if not ids:
+        n = driver.abort(everything=True)
+    else:
+        rids = set(ids)
+        for rid in ids:  # vLLM's own request names: cmpl-{id}-0, chatcmpl-{id}
+            for prefix in ("cmpl-", "chatcmpl-"):
+                if rid.startswith(prefix):
+                    rest = rid[len(prefix) :]
+                    rids.add(rest[:-2] if rest.endswith("-0") else rest)
+        n = driver.abort(sorted(rids))
+    return _json({"status": "aborted", "aborted": n})
 
 
 # ---- rollouts --------------------------------------------------------------------------------
@@ -279,6 +407,7 @@ def _trajectory_view(driver: RolloutDriver, key: str) -> dict[str, Any]:
     if t is None:
         raise UnknownTrajectory(key)
     host = next((e.id for e in driver.engines.values() if e.idx == t.host), None)
+    states = sorted({turn.state.name.lower() for turn in t.active.values()})
     return {
         "id": t.key,
         "declared": t.declared,
@@ -287,7 +416,8 @@ def _trajectory_view(driver: RolloutDriver, key: str) -> dict[str, Any]:
         "context": t.context,
         "predicted_total": t.predicted_total,
         "engine": host,
-        "in_flight": t.active.phase.value if t.active is not None else None,
+        "in_flight": len(t.active),
+        "states": states,
     }
 
 
@@ -298,36 +428,37 @@ async def get_trajectory(request: web.Request) -> web.Response:
 async def end_trajectory(request: web.Request) -> web.Response:
     t = request.app[DRIVER].end_trajectory(request.match_info["id"])
     return _json(
-        {"id": t.key, "turns": t.steps_done, "generated": t.generated, "ended": t.active is None}
+        {"id": t.key, "turns": t.steps_done, "generated": t.generated, "ended": not t.active}
     )
 
 
 # ---- engines ---------------------------------------------------------------------------------
 
 
-def _engine_view(driver: RolloutDriver, eid: str) -> dict[str, Any]:
-    return {"id": eid, **driver.stats()["engines"][eid]}
+def _engine_view(driver: RolloutDriver, e: EngineState) -> dict[str, Any]:
+    return {"id": e.id, **driver.engine_view(e)}
 
 
 async def list_engines(request: web.Request) -> web.Response:
     driver = request.app[DRIVER]
-    return _json({"engines": [_engine_view(driver, eid) for eid in driver.engines]})
+    return _json({"engines": [_engine_view(driver, e) for e in driver.engines.values()]})
+
+
+async def _add(driver: RolloutDriver, cfg: EngineConfig) -> EngineState:
+    try:
+        return await driver.add_engine(cfg)
+    except EngineError as exc:
+        raise EngineError(f"cannot add engine {cfg.url}: {exc}") from None
 
 
 async def add_engine(request: web.Request) -> web.Response:
     driver = request.app[DRIVER]
-    body = await _read(request)
-    if request.path == "/workers":  # SGLang gateway: {"url": ..., "worker_type"?: ...}
-        body = {k: v for k, v in body.items() if k in EngineConfig.model_fields}
     try:
-        cfg = EngineConfig.model_validate(body)
+        cfg = EngineConfig.model_validate(await _read(request))
     except ValidationError as exc:
         raise BadRequest(f"invalid engine: {exc}") from None
-    try:
-        e = await driver.add_engine(cfg)
-    except EngineError as exc:
-        raise BadRequest(f"cannot add engine {cfg.url}: {exc}", 502) from None
-    return _json(_engine_view(driver, e.id), 201)
+    e = await _add(driver, cfg)
+    return _json(_engine_view(driver, e), 201)
 
 
 async def report_engine(request: web.Request) -> web.Response:
@@ -337,7 +468,7 @@ async def report_engine(request: web.Request) -> web.Response:
     except ValidationError as exc:
         raise BadRequest(f"invalid engine report: {exc}") from None
     e = driver.report(request.match_info["id"], **body.model_dump())
-    return _json(_engine_view(driver, e.id))
+    return _json(_engine_view(driver, e))
 
 
 def _weights_view(driver: RolloutDriver) -> dict[str, Any]:
@@ -364,15 +495,123 @@ async def get_weights(request: web.Request) -> web.Response:
 
 async def remove_engine(request: web.Request) -> web.Response:
     force = request.query.get("force", "false").lower() in ("1", "true", "yes")
-    return _remove(request.app[DRIVER], request.match_info["id"], force)
-
-
-def _remove(driver: RolloutDriver, eid: str, force: bool) -> web.Response:
-    if eid not in driver.engines:  # SGLang's gateway names workers by URL
-        url = eid.rstrip("/").replace(":/", "://", 1) if "://" not in eid else eid.rstrip("/")
-        eid = next((e.id for e in driver.engines.values() if e.config.url == url), eid)
-    e = driver.remove_engine(eid, force=force)
+    driver = request.app[DRIVER]
+    e = driver.remove_engine(request.match_info["id"], force=force)
     return _json({"id": e.id, "draining": True, "running": len(e.running)}, 202)
+
+
+# ---- SGLang's model gateway ----------------------------------------------------------------
+
+
+def _worker_url(request: web.Request, driver: RolloutDriver, e: EngineState) -> str:
+    """The url `GET /workers` gives an engine: this router's own (`advertise = router`: the
+    SGLang-shaped calls slime sends there, abort and loads, reach every turn held here) or
+    the engine's."""
+    if driver.config.advertise == "engine":
+        return e.config.url
+    return f"{request.scheme}://{request.host}"
+
+
+def _worker_info(request: web.Request, driver: RolloutDriver, e: EngineState) -> dict[str, Any]:
+    return {
+        "id": e.id,
+        "url": _worker_url(request, driver, e),
+        "engine_url": e.config.url,
+        "model_id": e.model,
+        "worker_type": "regular",
+        "connection_mode": "Http",
+        "runtime_type": e.config.kind.value,
+        "is_healthy": e.alive,
+        "load": e.load,
+        "labels": dict(e.labels),
+        "draining": e.draining,
+        "version": e.version,
+    }
+
+
+async def list_workers(request: web.Request) -> web.Response:
+    driver = request.app[DRIVER]
+    workers = [_worker_info(request, driver, e) for e in driver.engines.values()]
+    return _json(
+        {
+            "workers": workers,
+            "total": len(workers),
+            "stats": {"prefill_count": 0, "decode_count": 0, "regular_count": len(workers)},
+        }
+    )
+
+
+async def add_worker(request: web.Request) -> web.Response:
+    """`POST /workers {url, worker_type, bootstrap_port, ...}`: a regular worker is
+    registered (again: an engine that came back at a known url is taken as it is)."""
+    driver = request.app[DRIVER]
+    try:
+        body = _Worker.model_validate(await _read(request))
+    except ValidationError as exc:
+        raise BadRequest(f"invalid worker: {exc}") from None
+    if body.worker_type != "regular":
+        raise BadRequest(
+            f"worker_type {body.worker_type!r} is not supported: Loom's router does not "
+            "disaggregate prefill and decode (register regular workers)"
+        )
+    for name in ("priority", "cost", "api_key"):
+        if getattr(body, name) is not None:
+            raise BadRequest(
+                f"{name} is not supported: Loom's placement does not weight "
+                "workers, and engines are reached without keys"
+            )
+    try:
+        cfg = EngineConfig(url=body.url)
+    except ValidationError as exc:
+        raise BadRequest(f"invalid worker url: {exc}") from None
+    e = driver.registry.by_url(cfg.url)
+    if e is None:
+        e = await _add(driver, cfg)
+    e.labels.update(body.labels)
+    return _json(
+        {
+            "status": "accepted",
+            "worker_id": e.id,
+            "message": "worker registered",
+            **_worker_info(request, driver, e),
+        },
+        202,
+    )
+
+
+async def get_worker(request: web.Request) -> web.Response:
+    driver = request.app[DRIVER]
+    e = driver.registry.get(request.match_info["id"])
+    return _json(_worker_info(request, driver, e))
+
+
+async def update_worker(request: web.Request) -> web.Response:
+    driver = request.app[DRIVER]
+    e = driver.registry.get(request.match_info["id"])
+    try:
+        body = _WorkerUpdate.model_validate(await _read(request))
+    except ValidationError as exc:
+        raise BadRequest(f"invalid worker update: {exc}") from None
+    for name in ("priority", "cost"):
+        if getattr(body, name) is not None:
+            raise BadRequest(f"{name} is not supported: Loom's placement does not weight workers")
+    e.labels.update(body.labels or {})
+    return _json({"status": "accepted", "worker_id": e.id, "message": "worker updated"}, 202)
+
+
+async def delete_worker(request: web.Request) -> web.Response:
+    driver = request.app[DRIVER]
+    e = driver.registry.get(request.match_info["id"])
+    force = request.query.get("force", "false").lower() in ("1", "true", "yes")
+    driver.remove_engine(e.id, force=force)
+    return _json(
+        {
+            "status": "accepted",
+            "worker_id": e.id,
+            "message": "worker draining: removed once its turns end",
+        },
+        202,
+    )
 
 
 async def add_worker_query(request: web.Request) -> web.Response:
@@ -383,28 +622,61 @@ async def add_worker_query(request: web.Request) -> web.Response:
         cfg = EngineConfig(url=url)
     except ValidationError as exc:
         raise BadRequest(f"invalid engine: {exc}") from None
-    try:
-        e = await request.app[DRIVER].add_engine(cfg)
-    except EngineError as exc:
-        raise BadRequest(f"cannot add engine {url}: {exc}", 502) from None
-    return _json(_engine_view(request.app[DRIVER], e.id), 201)
+    driver = request.app[DRIVER]
+    if driver.registry.by_url(cfg.url) is None:
+        await _add(driver, cfg)
+    return web.Response(text=f"Successfully added worker: {cfg.url}")
 
 
 async def remove_worker_query(request: web.Request) -> web.Response:
     url = request.query.get("url")
     if not url:
         raise BadRequest("remove_worker needs ?url=http://host:port")
-    return _remove(request.app[DRIVER], url, False)
+    driver = request.app[DRIVER]
+    e = driver.registry.by_url(url)
+    if e is None:
+        raise NotFound(f"no worker at {url}")
+    driver.remove_engine(e.id)
+    return web.Response(text=f"Successfully removed worker: {e.config.url}")
+
+
+async def list_worker_urls(request: web.Request) -> web.Response:
+    driver = request.app[DRIVER]
+    return _json({"urls": [e.config.url for e in driver.engines.values()]})
 
 
 async def loads(request: web.Request) -> web.Response:
+    """The gateway's `{"workers": [{"worker", "load"}]}` beside SGLang's `{"loads": [...]}`
+    (what slime's abort loop sums until it reads zero): one entry per engine and one for the
+    turns held in the router."""
     driver = request.app[DRIVER]
+    per = [
+        {
+            "worker": e.config.url,
+            "id": e.id,
+            "dp_rank": 0,
+            "num_running_reqs": len(e.running),
+            "num_waiting_reqs": len(e.waiting),
+            "num_total_reqs": e.load,
+        }
+        for e in driver.engines.values()
+    ]
+    held = driver.held()
+    per.append(
+        {
+            "worker": "router",
+            "id": "held",
+            "dp_rank": 0,
+            "num_running_reqs": 0,
+            "num_waiting_reqs": held,
+            "num_total_reqs": held,
+        }
+    )
     return _json(
         {
-            "loads": [
-                {"worker": e.config.url, "id": e.id, "load": e.load}
-                for e in driver.engines.values()
-            ]
+            "workers": [{"worker": e.config.url, "load": e.load} for e in driver.engines.values()],
+            "loads": per,
+            "aggregate": {"num_total_reqs": driver.load()},
         }
     )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -15,6 +15,7 @@ from loom.rollout.policy import PlacementKind, SchedulerKind
 
 __all__ = ["EngineConfig", "EngineKind", "RolloutServerConfig", "load_config", "parse_engine"]
 
+WorkerUrls = Literal["router", "engine"]
 EngineId = Annotated[
     str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 ]
@@ -94,6 +95,25 @@ class RolloutServerConfig(_Settings):
     )
     max_body_mb: float = Field(default=32.0, gt=0, le=1024, description="largest request body")
     connect_timeout_s: float = Field(default=5.0, gt=0, description="engine connect timeout")
+    engine_call_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="deadline of every engine call but a turn's stream (probe, tokenize, "
+        "abort): a hung engine never holds a request",
+    )
+    tokenizer: str | None = Field(
+        default=None,
+        description="the tokenizer that turns text prompts and chats into token ids in the "
+        "router (a path or a Hugging Face name); None: where the first engine loaded its "
+        "model; 'engine': ask an engine's /tokenize instead",
+    )
+    advertise: WorkerUrls = Field(
+        default="router",
+        description="the url GET /workers gives each engine: 'router' (this router, which "
+        "answers SGLang's /abort_request and /v1/loads for every turn it holds: slime's "
+        "end-of-step abort loop then reaches turns still waiting here) or 'engine' (the "
+        "engine's own url, as sglang-router)",
+    )
     first_token_timeout_s: float = Field(
         default=600.0, gt=0, description="a turn with no first token this long has stalled"
     )

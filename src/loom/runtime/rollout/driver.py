@@ -2,95 +2,90 @@
 `TurnScheduler`, a `Router`, the progressive predictor) and drives them over real engines.
 
 Admission is the router's: each engine runs at most `max_running` turns from it, and the
-rest wait in that engine's queue, ordered by the scheduler's key. A preemptive scheduler
-(PPS) follows Algorithm 1: a turn that outranks the lowest-priority running turn of a full
-engine evicts it (the engine aborts that request; its tokens so far are kept) and is promoted
-at once; the evicted turn waits and later resumes with prompt + generated tokens, asking only
-for the tokens still missing. The same resume carries a turn across a failed or stalled engine
-to another one, so accepted work is never lost while one engine lives.
+rest wait in that engine's queue, ordered by the client's priority class and then the
+scheduler's key. A preemptive scheduler (PPS) follows Algorithm 1: a turn that outranks the
+lowest-priority running turn of a full engine evicts it (the engine aborts that request; its
+tokens so far are kept) and is promoted at once; the evicted turn waits and later resumes
+with prompt + generated tokens, asking only for the tokens still missing. The same resume
+carries a turn across a failed or stalled engine to another one, so accepted work is never
+lost while one engine lives. An engine's own deliberate abort, and `abort`, end a turn with
+what it generated, marked abort.
+
+A turn's lifecycle is `turn.Turn`'s state machine; `_end` is the one place a turn ends.
+Engines (registration, versions, health) are `EngineRegistry`'s.
 
 Placement: the router picks each turn's engine (`route`); at the end of a turn, while the
 trajectory is in its tool call, `migrate` may move its home, and `stale` names trajectories
 the router would now place elsewhere. A migration here is routing the next turn elsewhere:
 its prefix is recomputed there (neither vLLM nor SGLang receives KV over HTTP; Loom does not
-ship KV between engines).
+ship KV between engines). A trajectory may have several turns in flight (agents branch; the
+n samples of one request are siblings).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import itertools
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import aiohttp
 
-from loom.core.errors import ConfigError
+from loom.core.errors import (
+    ConfigError,
+    Conflict,
+    InvalidRequest,
+    NotFound,
+    Unavailable,
+    http_status,
+)
 from loom.core.trajectory import TrajectorySpec
 from loom.rollout.heddle.planner import DegreeCostModel, decode_context
 from loom.rollout.heddle.router import HeddleRouter
-from loom.rollout.policy import (
-    ROUTERS,
-    SCHEDULERS,
-    PlacementKind,
-    QueueingRouter,
-    Router,
-    TurnScheduler,
-)
+from loom.rollout.policy import ROUTERS, SCHEDULERS, PlacementKind, Router, TurnScheduler
 from loom.runtime.rollout.config import EngineConfig, EngineKind, RolloutServerConfig
 from loom.runtime.rollout.engines import (
     Delta,
     Done,
     EngineError,
     EngineRejected,
+    EngineUnreachable,
     make_engine,
-    probe_kind,
 )
 from loom.runtime.rollout.metrics import RouterMetrics
 from loom.runtime.rollout.prediction import OnlinePredictor, trajectory_spec
-from loom.runtime.rollout.state import EngineState, Trajectory, Turn, TurnPhase, TurnRecord
+from loom.runtime.rollout.registry import ClientFactory, EngineRegistry, UnknownEngine
+from loom.runtime.rollout.state import EngineState, Trajectory, TurnRecord
+from loom.runtime.rollout.tokenizer import LocalTokenizer, load_tokenizer
+from loom.runtime.rollout.turn import Turn, TurnRequest, TurnState
 
 __all__ = [
     "BatchEntry",
-    "Conflict",
-    "NoEngine",
     "RolloutDriver",
     "UnknownEngine",
     "UnknownTrajectory",
+    "check_config",
+    "stable_id",
 ]
 
 log = logging.getLogger("loom.rollout")
 
-MAX_ATTEMPTS = 8  # failovers and engine-side aborts before a turn is given up as failed
+MAX_ATTEMPTS = 8  # failovers before a turn is given up as failed
 _PRIORITY_BOUND = 2**62
+ABORTED_BY_REQUEST = "aborted by request"
 
 
-class NoEngine(Exception):
-    """No live engine can take the turn (503)."""
-
-
-class UnknownTrajectory(KeyError):
+class UnknownTrajectory(NotFound):
     def __str__(self) -> str:
         return f"unknown trajectory {self.args[0]!r}"
-
-
-class UnknownEngine(KeyError):
-    def __str__(self) -> str:
-        return f"unknown engine {self.args[0]!r}"
-
-
-class Conflict(Exception):
-    """The request contradicts the router's state (409)."""
-
-
-class _Stalled(Exception):
-    pass
 
 
 @dataclass(frozen=True)
@@ -164,6 +159,7 @@ class RolloutDriver:
         router: Router | None = None,
         scheduler: TurnScheduler | None = None,
         clock: Callable[[], float] = time.monotonic,
+        client_factory: ClientFactory = make_engine,
     ) -> None:
         self.config = config
         self.scheduler: TurnScheduler = scheduler or SCHEDULERS.get(config.scheduler)()
@@ -171,18 +167,24 @@ class RolloutDriver:
         self.router: Router = router or make_router(config, history=self.predictor.history)
         self.clock = clock
         self._t0 = clock()
-        self.engines: dict[str, EngineState] = {}
-        self.version = 0  # the current weight version: engines behind it take no new turns
-        # turns no engine can take now (the router's central queue, or no engine at the
-        # current weight version), by trajectory id; offered again when capacity changes
-        self._held: dict[int, Turn] = {}
-        self._offering = False
         self.trajectories: dict[str, Trajectory] = {}
         self._by_tid: dict[int, Trajectory] = {}
-        self._tids = itertools.count()
-        self._idx = itertools.count()
-        self._anon = itertools.count()
         self.metrics = RouterMetrics()
+        self.registry = EngineRegistry(
+            config, self.metrics, self._by_tid, client_factory=client_factory
+        )
+        self.engines = self.registry.engines
+        # turns no engine can take now, by trajectory id, in arrival order; the placement
+        # holds (in its central queue) the trajectories in `_router_held`, the others wait
+        # for an engine at the current weights
+        self._held: dict[int, deque[Turn]] = {}
+        self._router_held: set[int] = set()
+        self._offering = False
+        self._by_rid: dict[str, list[Turn]] = {}  # client request ids of turns in flight
+        self._tids = itertools.count()
+        self._anon = itertools.count()
+        self.tokenizer: LocalTokenizer | None = None
+        self._tokenizer_tried = False
         self.counts = {
             "decisions": 0,
             "fallbacks": 0,  # the router named a dead or draining engine
@@ -194,16 +196,16 @@ class RolloutDriver:
             "declared": 0,
             "finished": 0,
             "turns": 0,
+            "aborted": 0,  # turns ended by an abort (the client's or the engine's)
+            "abandoned": 0,  # turns whose client went away
+            "engine_tokenized": 0,  # text prompts tokenized by an engine (no local tokenizer)
         }
         # summed over finished turns: router queueing, time to first token, decoding
         self.timing = {"turns": 0, "queue_s": 0.0, "first_token_s": 0.0, "decode_s": 0.0}
-        self.model = ""
-        self.max_model_len: int | None = None
         self._session: aiohttp.ClientSession | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._fitting = False
         self._closing = False
-        self._started = False
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -214,37 +216,29 @@ class RolloutDriver:
             connector=aiohttp.TCPConnector(limit=0, force_close=False),
             auto_decompress=False,
         )
+        self.registry.session = self._session
         try:
             for e in cfg.engines:
                 await self.add_engine(e)
         except BaseException:
             await self._session.close()
             raise
-        self._spawn(self._health_loop())
+        self._spawn(self.registry.health_loop(self))
         self._spawn(self._idle_loop())
         if self.predictor.due(cfg.refit_every):
             self._spawn(self._refit())
-        self._started = True
 
     async def close(self) -> None:
-        """Stop: every waiting and running turn ends (with an error for the client), every
-        engine request is aborted."""
+        """Stop: every held, queued and running turn ends (with an error for the client),
+        every engine request is aborted."""
         self._closing = True
         for task in list(self._tasks):
             task.cancel()
-        aborts = [
-            e.client.abort(turn.rid()) for e in self.engines.values() for turn in e.running.values()
-        ]
-        for e in self.engines.values():
-            for turn in [*e.running.values(), *e.waiting]:
-                self._fail(turn, "the router is shutting down", 503)
-        for turn in list(self._held.values()):
-            self._fail(turn, "the router is shutting down", 503)
-        await asyncio.gather(*aborts, return_exceptions=True)
-        turn_tasks = [
-            turn.task for e in self.engines.values() for turn in e.running.values() if turn.task
-        ]
-        await asyncio.gather(*self._tasks, *turn_tasks, return_exceptions=True)
+        closing = Unavailable("the router is shutting down")
+        for t in list(self.trajectories.values()):
+            for turn in list(t.active.values()):
+                self._end(turn, error=closing)
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._session is not None:
             await self._session.close()
             await asyncio.sleep(0)  # let the closed connections' transports finish closing
@@ -260,82 +254,70 @@ class RolloutDriver:
 
     # ---- engines -----------------------------------------------------------------------
 
+    @property
+    def model(self) -> str:
+        return self.registry.model
+
+    @property
+    def max_model_len(self) -> int | None:
+        return self.registry.max_model_len
+
+    @property
+    def version(self) -> int:
+        return self.registry.version
+
+    def live(self) -> list[EngineState]:
+        return self.registry.live()
+
+    def current(self) -> list[EngineState]:
+        return self.registry.current()
+
     async def add_engine(self, cfg: EngineConfig) -> EngineState:
         """Probe and add an engine; the placement re-plans over the new set."""
-        assert self._session is not None, "start() the driver first"
-        if any(e.config.url == cfg.url for e in self.engines.values()):
-            raise Conflict(f"engine {cfg.url} is already registered")
-        idx = next(self._idx)
-        eid = cfg.id or f"e{idx}"
-        if eid in self.engines:
-            raise Conflict(f"an engine named {eid!r} exists already")
-        kind = cfg.kind
-        if kind is EngineKind.AUTO:
-            kind = await probe_kind(cfg.url, self._session)
-        client = make_engine(kind, cfg.url, self._session)
-        info = await client.probe()
-        if self.model and info.model != self.model and self.live():
-            raise Conflict(
-                f"engine {cfg.url} serves {info.model!r}, the others serve {self.model!r}"
-            )
-        self.model = self.model or info.model
-        if info.max_model_len:
-            self.max_model_len = min(self.max_model_len or info.max_model_len, info.max_model_len)
-        state = EngineState(
-            idx=idx,
-            id=eid,
-            config=cfg.model_copy(update={"id": eid, "kind": kind}),
-            client=client,
-            model=info.model,
-            trajectories=self._by_tid,
-            version=self.version if cfg.version is None else cfg.version,
-        )
-        self.engines[eid] = state
-        self.metrics.engine_added(eid)
-        log.info(
-            "engine %s (%s, tp %d%s) at %s", eid, kind.value, cfg.tp, ", lent" * cfg.lent, cfg.url
-        )
+        e = await self.registry.add(cfg)
+        if not self._tokenizer_tried:
+            self._tokenizer_tried = True
+            await self._load_tokenizer()
         self._workers_changed()
-        return state
+        return e
+
+    async def _load_tokenizer(self) -> None:
+        source = self.config.tokenizer
+        if source == "engine":
+            return
+        info = self.registry.first
+        candidates = (
+            [source] if source else [c for c in (info.root, info.model) if c] if info else []
+        )
+        if candidates:
+            self.tokenizer = await asyncio.get_running_loop().run_in_executor(
+                None, functools.partial(load_tokenizer, candidates, download=bool(source))
+            )
+        if self.tokenizer is None:
+            log.warning(
+                "no local tokenizer (%s): text prompts cost a /tokenize call to an engine",
+                ", ".join(candidates) or "none given",
+            )
 
     def remove_engine(self, eid: str, *, force: bool = False) -> EngineState:
         """Drain an engine: it takes no new turns, its waiting turns go elsewhere at once, its
         running ones finish there (`force`: they are aborted and resumed elsewhere now); it is
         forgotten once empty."""
-        e = self.engines.get(eid)
-        if e is None:
-            raise UnknownEngine(eid)
+        e = self.registry.get(eid)
         others = [o for o in self.live() if o is not e]
         if not others and e.load:
             raise Conflict(
-                f"engine {eid} is the last live engine and holds {e.load} turns; "
+                f"engine {e.id} is the last live engine and holds {e.load} turns; "
                 "add another engine before draining it"
             )
         e.draining = True
-        for turn in list(e.waiting):
-            e.waiting.remove(turn)
-            self._dispatch(turn, avoid=e)
+        self._move_waiting(e)
         if force:
             for turn in list(e.running.values()):
                 self._requeue(turn, e, failed=False)
-        self._forget_if_drained(e)
+        self.registry.forget_if_drained(e)
         self._workers_changed()
         return e
-
-    def _forget_if_drained(self, e: EngineState) -> None:
-        if e.draining and not e.running and not e.waiting and self.engines.get(e.id) is e:
-            del self.engines[e.id]
-            self.metrics.engine_removed(e.id)
-
-    def live(self) -> list[EngineState]:
-        """Routable engines, largest degree first (Heddle's DP expects that order)."""
-        return sorted(
-            (e for e in self.engines.values() if e.routable), key=lambda e: (-e.tp, e.idx)
-        )
-
-    def current(self) -> list[EngineState]:
-        """Routable engines at the current weight version."""
-        return [e for e in self.live() if e.version == self.version]
 
     def _workers_changed(self) -> None:
         current = self.current()
@@ -344,23 +326,27 @@ class RolloutDriver:
             self._handle_stale()
         self._offer_held()
 
-    # ---- weights and lending -------------------------------------------------------------
+    def engine_down(self, e: EngineState, reason: str) -> None:
+        """`e` failed (its health checks, a refused connection, a broken stream): its turns
+        go elsewhere, those running resume with what they generated."""
+        if not self.registry.mark_down(e, reason):
+            return
+        self._move_waiting(e)
+        for turn in list(e.running.values()):
+            self._requeue(turn, e, failed=True)
+        self.registry.forget_if_drained(e)
+        self._workers_changed()
+
+    def engine_up(self, e: EngineState) -> None:
+        if self.registry.mark_up(e):
+            self._workers_changed()
 
     def set_weights(self, version: int, engines: Sequence[str] = ()) -> list[str]:
         """Weights of `version` are current; `engines` serve them already (others report
         theirs with `report` when they have loaded them). Turns waiting at an engine behind
         the version go elsewhere; its running ones finish there. Returns the engines behind."""
-        if version < self.version:
-            raise Conflict(f"weight version {version} is older than the current {self.version}")
-        for eid in engines:
-            if eid not in self.engines:
-                raise UnknownEngine(eid)
-        self.version = version
-        for eid in engines:
-            self.engines[eid].version = version
-        if isinstance(self.router, QueueingRouter):
-            self.router.set_version(version)
-        behind = [e for e in self.engines.values() if e.version != version]
+        behind = self.registry.set_weights(version, engines)
+        self.router.set_version(version)
         for e in behind:
             self._move_waiting(e)
         self._workers_changed()
@@ -374,23 +360,7 @@ class RolloutDriver:
         free_tokens: int | None = None,
         slack_s: float | None = None,
     ) -> EngineState:
-        """What an engine's side says of it: the weight version it has loaded; for a lent
-        engine, the rollout KV tokens it can still take and its serving-SLO slack."""
-        e = self.engines.get(eid)
-        if e is None:
-            raise UnknownEngine(eid)
-        if version is not None:
-            if version < e.version:
-                raise Conflict(f"engine {eid} serves version {e.version}; {version} is older")
-            e.version = version
-        if free_tokens is not None:
-            if free_tokens < 0:
-                raise Conflict(f"free_tokens must be >= 0, got {free_tokens}")
-            e.free_tokens = free_tokens
-            e.stalled = False
-        if slack_s is not None:
-            e.reported_slack_s = slack_s
-            e.stalled = False
+        e = self.registry.report(eid, version=version, free_tokens=free_tokens, slack_s=slack_s)
         if e.version != self.version:
             self._move_waiting(e)
         self._workers_changed()
@@ -399,19 +369,50 @@ class RolloutDriver:
     def _move_waiting(self, e: EngineState) -> None:
         for turn in list(e.waiting):
             e.waiting.remove(turn)
-            self._dispatch(turn, avoid=e)
+            self._place(turn, avoid=e)
+
+    # ---- placement ---------------------------------------------------------------------
+
+    def _place(self, turn: Turn, avoid: EngineState | None = None) -> None:
+        """Send `turn` to the engine the router picks, or hold it."""
+        live = self.live()
+        if avoid is not None and len(live) > 1:
+            live = [e for e in live if e is not avoid]
+        if not live:
+            self._end(turn, error=Unavailable("no live engine can take the turn"))
+            return
+        current = [e for e in live if e.version == self.version]
+        choice: int | None = None
+        if current:
+            choice = self.router.route(turn.traj, current, self.now())
+            self.counts["decisions"] += 1
+            if choice is None:
+                self._router_held.add(turn.traj.traj_id)
+        if choice is None:
+            self._hold(turn)  # no engine can take it now: it waits for capacity or weights
+            return
+        engine = next((e for e in current if e.idx == choice), None)
+        if engine is None:
+            self.counts["fallbacks"] += 1
+            engine = min(current, key=lambda e: (e.load, e.idx))
+        self._enqueue(engine, turn)
 
     def _hold(self, turn: Turn) -> None:
-        turn.engine = None
-        turn.phase = TurnPhase.WAITING
-        self._held[turn.traj.traj_id] = turn
+        turn.hold()
+        self._held.setdefault(turn.traj.traj_id, deque()).append(turn)
         self.counts["held"] += 1
 
     def _unhold(self, turn: Turn) -> None:
-        if self._held.pop(turn.traj.traj_id, None) is not None and isinstance(
-            self.router, QueueingRouter
-        ):
-            self.router.withdraw(turn.traj.traj_id)
+        tid = turn.traj.traj_id
+        q = self._held.get(tid)
+        if q is None or turn not in q:
+            return
+        q.remove(turn)
+        if not q:
+            del self._held[tid]
+            if tid in self._router_held:
+                self._router_held.discard(tid)
+                self.router.withdraw(tid)
 
     def _offer_held(self) -> None:
         """Capacity changed: place the held turns that now fit."""
@@ -422,54 +423,336 @@ class RolloutDriver:
             return
         self._offering = True
         try:
-            if isinstance(self.router, QueueingRouter):
-                by_idx = {e.idx: e for e in current}
-                for tid, idx in self.router.drain(current, self.now()):
-                    turn = self._held.pop(tid, None)
-                    if turn is not None:
-                        self._enqueue(by_idx[idx], turn)
-            else:
-                held, self._held = list(self._held.values()), {}
-                for turn in held:
-                    self._dispatch(turn)
+            by_idx = {e.idx: e for e in current}
+            again: list[Turn] = []
+            for tid, idx in self.router.drain(current, self.now()):
+                self._router_held.discard(tid)
+                q = self._held.pop(tid, None)
+                if not q:
+                    continue
+                self._enqueue(by_idx[idx], q.popleft())
+                again += q  # its other held turns ask the router again
+            for tid in [t for t in self._held if t not in self._router_held]:
+                again += self._held.pop(tid)
+            for turn in again:
+                self._place(turn)
         finally:
             self._offering = False
 
-    def _engine_down(self, e: EngineState, reason: str) -> None:
-        if not e.alive:
-            return
-        log.warning("engine %s is out: %s", e.id, reason)
-        e.alive = False
-        self.metrics.engine_state(e.id, alive=False)
-        for turn in list(e.waiting):
-            e.waiting.remove(turn)
-            self._dispatch(turn, avoid=e)
-        for turn in list(e.running.values()):
-            self._requeue(turn, e, failed=True)
-        self._forget_if_drained(e)
-        self._workers_changed()
+    def _enqueue(self, e: EngineState, turn: Turn) -> None:
+        turn.queue(e, (turn.request.priority, self.scheduler.key(turn.traj, self.now())))
+        e.waiting.add(turn)
+        if not e.has_slot() and self.scheduler.preemptive and e.running:
+            victim = max(e.running.values(), key=lambda r: (r.key, r.seq))
+            head = e.waiting[0]
+            if self._outranks(head.key, victim.key):
+                # Algorithm 1, lines 6-10: evict r_min, move it to Q, promote Q.top.
+                self.counts["preemptions"] += 1
+                self.metrics.preemptions.inc()
+                e.preempted += 1
+                victim.preemptions += 1
+                self._requeue(victim, e, failed=False, here=True)
+        self._pump(e)
+        self.metrics.engine_load(e)
 
-    async def _health_loop(self) -> None:
+    def _outranks(self, waiting: tuple[int, float], running: tuple[int, float]) -> bool:
+        if waiting[0] != running[0]:  # the clients' priority classes decide first
+            return waiting[0] < running[0]
+        return self.scheduler.outranks(waiting[1], running[1])
+
+    def _pump(self, e: EngineState) -> None:
+        while e.alive and e.waiting and e.has_slot():
+            self._run(e, e.waiting.pop(0))
+
+    def _run(self, e: EngineState, turn: Turn) -> None:
+        if turn.remaining <= 0 and turn.attempt_logprobs().prompt_start is None:
+            turn.finish_reason = turn.finish_reason or "length"
+            self._end(turn)
+            return
+        attempt = turn.run(self.now())
+        e.running[turn.seq] = turn
+        e.admitted += 1
+        turn.traj.host = e.idx
+        if attempt == 0 and turn.preemptions == 0 and turn.failovers == 0:
+            self.metrics.queueing.observe(self.now() - turn.arrival_s)
+        turn.task = self._spawn(self._attempt(e, turn, attempt))
+
+    def _priority(self, e: EngineState, turn: Turn) -> int | None:
+        if not e.config.priority:
+            return None
+        cls, key = turn.key
+        return max(-_PRIORITY_BOUND, min(_PRIORITY_BOUND, cls * 2**40 + int(key * 1000)))
+
+    # ---- attempts ----------------------------------------------------------------------
+
+    async def _attempt(self, e: EngineState, turn: Turn, attempt: int) -> None:
         cfg = self.config
-        while True:
-            await asyncio.sleep(cfg.health_interval_s)
-            engines = list(self.engines.values())
-            results = await asyncio.gather(
-                # NOTE: a busy engine answers /health late (vLLM's CPU build: 1-5 s at load)
-                *(e.client.health(min(10.0, max(5.0, cfg.health_interval_s * 2))) for e in engines)
+        sampling = turn.attempt_sampling()
+        if sampling["max_tokens"] < 1:  # scoring a prompt: engines generate at least one
+            sampling["max_tokens"] = 1
+            sampling.pop("min_tokens", None)
+        stream = e.client.generate(
+            turn.rid(),
+            turn.prompt + turn.generated,
+            sampling,
+            self._priority(e, turn),
+            turn.attempt_logprobs(),
+        )
+        loop = asyncio.get_running_loop()
+        done: Done | None = None
+        stall_s = cfg.lent_stall_timeout_s if e.lent else cfg.stall_timeout_s
+        try:
+            async with asyncio.timeout(cfg.first_token_timeout_s) as deadline:
+                async for item in stream:
+                    if turn.attempt != attempt:  # superseded (defensive: we were cancelled)
+                        return
+                    if isinstance(item, Delta):
+                        deadline.reschedule(loop.time() + stall_s)
+                        self._receive(e, turn, item)
+                    else:
+                        done = item
+        except TimeoutError:
+            # NOTE: a lent engine that stops a rollout is serving first, not broken (§4.1):
+            # the turn moves, the engine stays in (its health checks judge it) but takes no
+            # rollout turn until its side reports room or slack again.
+            if e.lent and turn.attempt == attempt:
+                self.counts["stalls"] += 1
+                e.stalled = True
+            self._on_failure(e, turn, attempt, f"no token for {stall_s:g} s", down=not e.lent)
+            return
+        except EngineRejected as exc:
+            if turn.attempt == attempt:
+                self._end(turn, error=exc)
+            return
+        except EngineUnreachable as exc:
+            self._on_failure(e, turn, attempt, str(exc))
+            return
+        except EngineError as exc:
+            self._on_failure(e, turn, attempt, str(exc))
+            return
+        finally:
+            await stream.aclose()  # type: ignore[attr-defined]
+        if turn.attempt != attempt or done is None:
+            return
+        turn.cached_tokens += done.cached_tokens
+        if done.routed_experts is not None:
+            turn.routed_experts = done.routed_experts
+        if done.finish_reason == "abort":
+            # the engine aborted it itself (we stop our stream before we abort one): the
+            # client hears an abort, with what was generated
+            self.counts["aborted"] += 1
+            turn.abort_message = done.message or "aborted by the engine"
+        reason = done.finish_reason
+        if reason == "abort" and turn.remaining <= 0:
+            reason = "length"  # it had generated everything it asked for anyway
+        turn.finish_reason = reason
+        turn.matched_stop = done.matched_stop
+        self._end(turn)
+
+    def _receive(self, e: EngineState, turn: Turn, item: Delta) -> None:
+        """A chunk of the running attempt: tokens, text and logprobs join the turn."""
+        tokens = item.tokens
+        if len(tokens) > turn.remaining:  # a scoring attempt's token, or an overshoot
+            tokens = tokens[: max(0, turn.remaining)]
+        if item.prompt_logprobs is not None and turn.prompt_logprobs is None:
+            turn.prompt_logprobs = item.prompt_logprobs[
+                : len(turn.prompt) - (turn.request.logprobs.prompt_start or 0)
+            ]
+        if not tokens:
+            if item.tokens:
+                return
+            turn.text.append(item.text)
+            turn.updates.put_nowait(item)
+            return
+        if turn.first_token_s is None:
+            turn.first_token_s = self.now()
+        turn.generated.extend(tokens)
+        if turn.request.logprobs.output and item.logprobs is not None:
+            turn.logprobs.extend(item.logprobs[: len(tokens)])
+        turn.version = e.version
+        e.tokens += len(tokens)
+        self.metrics.tokens.labels(e.id).inc(len(tokens))
+        turn.text.append(item.text)
+        turn.updates.put_nowait(item)
+
+    def _on_failure(
+        self, e: EngineState, turn: Turn, attempt: int, reason: str, *, down: bool = True
+    ) -> None:
+        if turn.attempt != attempt or turn.state is not TurnState.RUNNING:
+            return
+        turn.error = reason
+        if down:
+            self.engine_down(e, reason)  # moves this turn (and all others) elsewhere
+        if turn.state is TurnState.RUNNING and turn.engine is e:
+            self._requeue(turn, e, failed=True)
+
+    def _interrupt(self, turn: Turn, e: EngineState) -> None:
+        """End the running attempt at `e`: the stream closes (engines abort on disconnect)
+        and the engine is told by id; the tokens received so far stay with the turn."""
+        e.running.pop(turn.seq, None)
+        rid = turn.interrupt()
+        task = turn.task
+        if task is not None and not task.done() and task is not asyncio.current_task():
+            task.cancel()
+        if e.alive:
+            self._spawn(self._abort_quietly(e, rid))
+
+    async def _abort_quietly(self, e: EngineState, rid: str) -> None:
+        with contextlib.suppress(Exception):
+            await e.client.abort(rid)
+
+    def _requeue(self, turn: Turn, e: EngineState, *, failed: bool, here: bool = False) -> None:
+        """Stop `turn`'s attempt at `e` and queue it again: at `e` (`here`, a preemption) or
+        wherever the router sends it, avoiding `e`."""
+        self._interrupt(turn, e)
+        if failed:  # its engine failed, stalled or was taken out: counted once, here
+            self.router.release(turn.traj.traj_id)
+            self.counts["failovers"] += 1
+            self.metrics.failovers.inc()
+            e.failed_turns += 1
+            turn.failovers += 1
+        if turn.failovers > MAX_ATTEMPTS:
+            msg = f"gave up after {turn.failovers} failed attempts: {turn.error}"
+            self._end(turn, error=EngineError(msg))
+            return
+        if failed:
+            log.info("turn %s resumes elsewhere after %d tokens", turn.rid(), len(turn.generated))
+        if here and e.routable:
+            turn.queue(e, (turn.request.priority, self.scheduler.key(turn.traj, self.now())))
+            e.waiting.add(turn)
+        else:
+            self._place(turn, avoid=e)
+        self._pump(e)
+
+    # ---- the end of a turn -------------------------------------------------------------
+
+    def _end(self, turn: Turn, *, error: Exception | None = None) -> None:
+        """The one place a turn ends: it leaves wherever it is (a running attempt is
+        aborted at its engine), the trajectory learns what it generated, and whoever waits on
+        it is woken. FINISHED with `turn.finish_reason`, or FAILED with `error`."""
+        if turn.ended:
+            return
+        e = turn.engine
+        was = turn.state
+        if was is TurnState.HELD:
+            self._unhold(turn)
+        elif was is TurnState.QUEUED and e is not None:
+            if turn in e.waiting:
+                e.waiting.remove(turn)
+        elif was is TurnState.RUNNING and e is not None:
+            self._interrupt(turn, e)
+        now = self.now()
+        if error is None:
+            turn.end(now)
+        else:
+            turn.end(now, error=str(error), status=http_status(error))
+        if error is None and was is TurnState.RUNNING and e is not None:
+            e.completed += 1
+        t = turn.traj
+        t.active.pop(turn.seq, None)
+        self._forget_rid(turn)
+        n = len(turn.generated)
+        if n and error is None:
+            t.records.append(TurnRecord(max(0, len(turn.prompt) - t.context), n, None))
+            t.steps_done += 1
+            t.generated += n
+            t.context = max(t.context, len(turn.prompt) + n)
+        t.last_end_s = now
+        t.last_seen_s = now
+        self.metrics.turn_done(now - turn.arrival_s)
+        if turn.started_s is not None and turn.first_token_s is not None:
+            self.timing["turns"] += 1
+            self.timing["queue_s"] += turn.started_s - turn.arrival_s
+            self.timing["first_token_s"] += turn.first_token_s - turn.started_s
+            self.timing["decode_s"] += now - turn.first_token_s
+        if e is not None:
+            self._pump(e)
+            self.metrics.engine_load(e)
+            self.registry.forget_if_drained(e)
+        if not t.active and (t.one_turn or t.ended):
+            self._finish(t)
+        elif n and error is None and not t.one_turn:
+            self._spawn(self._after_turn(t, t.steps_done))
+        if not self._closing:
+            self._handle_stale()
+            self._offer_held()
+
+    def _forget_rid(self, turn: Turn) -> None:
+        rid = turn.request.client_rid
+        if rid is None:
+            return
+        turns = self._by_rid.get(rid)
+        if turns is not None and turn in turns:
+            turns.remove(turn)
+            if not turns:
+                del self._by_rid[rid]
+
+    def abort(self, rids: Iterable[str] = (), *, everything: bool = False) -> int:
+        """`POST /abort_request`: end the turns of these client request ids (or every turn
+        in flight) with what they generated, marked abort. Returns how many ended."""
+        if everything:
+            turns = [turn for t in self.trajectories.values() for turn in t.active.values()]
+        else:
+            turns = [turn for rid in rids for turn in self._by_rid.get(rid, ())]
+        for turn in turns:
+            if not turn.ended:
+                turn.finish_reason = "abort"
+                turn.abort_message = ABORTED_BY_REQUEST
+                self.counts["aborted"] += 1
+                self._end(turn)
+        return len(turns)
+
+    def abandon(self, turns: Iterable[Turn]) -> None:
+        """The client went away: stop its turns wherever they are and keep what they
+        generated."""
+        for turn in turns:
+            if not turn.ended:
+                turn.finish_reason = "abort"
+                turn.abort_message = "the client went away"
+                self.counts["abandoned"] += 1
+                self._end(turn)
+
+    async def _after_turn(self, t: Trajectory, steps: int) -> None:
+        """During the tool call: predict anew (off the loop), then let the router move the
+        trajectory's home."""
+        spec = trajectory_spec(t, pending=True)
+        assert spec is not None, "a pending turn always makes a spec"
+        if self.predictor.model is not None:
+            pred = await asyncio.get_running_loop().run_in_executor(
+                None, self.predictor.predict, spec, t.generated
             )
-            for e, ok in zip(engines, results, strict=True):
-                if ok:
-                    e.failures = 0
-                    if not e.alive:
-                        log.info("engine %s is back", e.id)
-                        e.alive = True
-                        self.metrics.engine_state(e.id, alive=True)
-                        self._workers_changed()
-                else:
-                    e.failures += 1
-                    if e.alive and e.failures >= cfg.health_failures:
-                        self._engine_down(e, f"{e.failures} failed health checks")
+        else:
+            pred = self.predictor.fallback(t.prompt_id, t.generated)
+        if self._by_tid.get(t.traj_id) is not t or t.steps_done != steps:
+            return  # ended, or its next turn already finished: a newer prediction follows
+        t.predicted_total = pred
+        self._migrate(t)
+
+    def _migrate(self, t: Trajectory) -> None:
+        live = self.current()
+        if not live:
+            return
+        target = self.router.migrate(t, live, self.now())
+        if target is None:
+            return
+        self.counts["migrations"] += 1
+        self.metrics.migrations.inc()
+        dest = next((e for e in live if e.idx == target), None)
+        if dest is None:
+            return
+        for turn in list(t.active.values()):
+            src = turn.engine
+            if turn.state is TurnState.QUEUED and src is not None and src is not dest:
+                src.waiting.remove(turn)
+                self._enqueue(dest, turn)
+
+    def _handle_stale(self) -> None:
+        for tid in self.router.stale():
+            t = self._by_tid.get(tid)
+            if t is None:
+                continue
+            if all(turn.state is TurnState.QUEUED for turn in t.active.values()):
+                self._migrate(t)
 
     # ---- trajectories ------------------------------------------------------------------
 
@@ -502,10 +785,10 @@ class RolloutDriver:
 
     async def declare(self, entries: Sequence[BatchEntry]) -> dict[str, str]:
         """A batch before it starts: predictions for its first turns, then the placement
-        plans over it. Returns each trajectory's planned engine."""
-        live = self.live()
-        if not live:
-            raise NoEngine("no live engine: add one with POST /v1/engines")
+        plans over it. Returns each trajectory's planned engine ("" where the placement
+        places turns only when they are ready)."""
+        if not self.live():
+            raise Unavailable("no live engine: add one with POST /v1/engines")
         seen: set[str] = set()
         for b in entries:
             if b.id in seen:
@@ -527,21 +810,16 @@ class RolloutDriver:
             for t, p in zip(fresh, preds, strict=True):
                 t.predicted_total = p
         self.counts["declared"] += len(fresh)
-        live = self.live()  # engines may have changed while predicting
-        if not live:
-            raise NoEngine("no live engine: add one with POST /v1/engines")
+        if not self.live():  # engines may have changed while predicting
+            raise Unavailable("no live engine: add one with POST /v1/engines")
         current = self.current()
-        plan = {}
-        if isinstance(self.router, QueueingRouter) or not current:
-            return {t.key: "" for t in fresh}  # placed turn by turn, when each is ready
+        if not current:
+            return {t.key: "" for t in fresh}
         self.router.start(fresh, current)
         self._handle_stale()
-        now = self.now()
-        by_idx = {e.idx: e for e in current}
-        for t in fresh:
-            w = by_idx.get(self.router.route(t, current, now))
-            plan[t.key] = w.id if w is not None else ""
-        return plan
+        ids = {e.idx: e.id for e in current}
+        homes = {t.key: self.router.home(t.traj_id) for t in fresh}
+        return {key: "" if home is None else ids.get(home, "") for key, home in homes.items()}
 
     def _predict_many(self, specs: Iterable[Any]) -> list[float]:
         return [self.predictor.predict(s, 0) for s in specs]
@@ -551,7 +829,7 @@ class RolloutDriver:
         if t is None:
             raise UnknownTrajectory(key)
         t.ended = True
-        if t.active is None:
+        if not t.active:
             self._finish(t)
         return t
 
@@ -570,7 +848,8 @@ class RolloutDriver:
             self.predictor.record(t)
             if self.predictor.due(self.config.refit_every) and not self._fitting:
                 self._spawn(self._refit())
-        self._handle_stale()
+        if not self._closing:
+            self._handle_stale()
 
     async def _refit(self) -> None:
         self._fitting = True
@@ -592,7 +871,7 @@ class RolloutDriver:
             await asyncio.sleep(min(60.0, idle / 4))
             cutoff = self.now() - idle
             for t in list(self.trajectories.values()):
-                if t.active is None and t.last_seen_s < cutoff:
+                if not t.active and t.last_seen_s < cutoff:
                     log.info("trajectory %s idle for %.0f s: ended", t.key, idle)
                     self.end_trajectory(t.key)
 
@@ -602,15 +881,17 @@ class RolloutDriver:
         self,
         key: str | None,
         prompt: list[int],
-        sampling: dict[str, Any],
+        request: TurnRequest,
         *,
+        n: int = 1,
         prompt_id: int | None = None,
-    ) -> Turn:
-        """A turn of trajectory `key` (None: a one-turn trajectory of its own)."""
+    ) -> list[Turn]:
+        """A request of trajectory `key` (None: a one-request trajectory of its own): `n`
+        turns that share the prompt, sample `i` seeded `seed + i` where a seed is given."""
         if self._closing:
-            raise NoEngine("the router is shutting down")
+            raise Unavailable("the router is shutting down")
         if not self.live():
-            raise NoEngine("no live engine: add one with POST /v1/engines")
+            raise Unavailable("no live engine: add one with POST /v1/engines")
         now = self.now()
         if key is None:
             t = self._new_trajectory(
@@ -627,364 +908,109 @@ class RolloutDriver:
                 t = self._new_trajectory(key, pid, declared=False, prompt_tokens=len(prompt))
             else:
                 t = existing
-            if t.active is not None:
-                raise Conflict(
-                    f"trajectory {key!r} has a turn in flight; send its turns one at a time"
-                )
         if not t.started:
             t.started = True
             t.prompt_tokens = t.prompt_tokens or len(prompt)
             if not t.declared:
                 self.router.join(t, self.current() or self.live())
-        elif t.last_end_s is not None and t.records:
+        elif not t.active and t.last_end_s is not None and t.records:
             last = t.records[-1]
             t.records[-1] = TurnRecord(last.input_tokens, last.output_tokens, now - t.last_end_s)
         t.turn_arrival_s = now
         t.last_seen_s = now
-        turn = Turn(traj=t, index=t.steps_done, prompt=prompt, sampling=sampling, arrival_s=now)
-        t.active = turn
-        self.counts["turns"] += 1
-        self._dispatch(turn)
-        return turn
-
-    async def tokenize(self, body: dict[str, Any]) -> list[int]:
-        """Tokens of a text prompt or a chat conversation, from the least-loaded engine (for
-        chat, one that applies a chat template: vLLM's `/tokenize` takes `messages`)."""
-        live = self.live()
-        if not live:
-            raise NoEngine("no live engine: add one with POST /v1/engines")
-        if "messages" in body:
-            live = [e for e in live if e.config.kind is EngineKind.VLLM] or live
-        e = min(live, key=lambda e: (e.load, e.idx))
-        return await e.client.tokenize(body)
-
-    def abandon(self, turn: Turn) -> None:
-        """The client went away: stop the turn and keep what it generated."""
-        if turn.phase is TurnPhase.DONE:
-            return
-        e = turn.engine
-        turn.abandoned = True
-        if e is None:
-            self._unhold(turn)
-        else:
-            if turn.phase is TurnPhase.WAITING and turn in e.waiting:
-                e.waiting.remove(turn)
-            elif turn.phase is TurnPhase.RUNNING:
-                self._stop_attempt(turn, e)
-        turn.finish_reason = "abort"
-        self._complete(turn, e)
-
-    def _dispatch(self, turn: Turn, avoid: EngineState | None = None) -> None:
-        live = self.live()
-        if avoid is not None and len(live) > 1:
-            live = [e for e in live if e is not avoid]
-        if not live:
-            self._fail(turn, "no live engine can take the turn", 503)
-            return
-        current = [e for e in live if e.version == self.version]
-        queueing = isinstance(self.router, QueueingRouter)
-        choice: int | None = None
-        if current or queueing:
-            choice = self.router.route(turn.traj, current, self.now())
-            self.counts["decisions"] += 1
-        if choice is None and (queueing or not current):
-            self._hold(turn)  # no engine can take it now: it waits for capacity or weights
-            return
-        engine = next((e for e in current if e.idx == choice), None)
-        if engine is None:
-            self.counts["fallbacks"] += 1
-            engine = min(current, key=lambda e: (e.load, e.idx))
-        self._enqueue(engine, turn)
-
-    def _enqueue(self, e: EngineState, turn: Turn) -> None:
-        turn.engine = e
-        turn.phase = TurnPhase.WAITING
-        turn.key = self.scheduler.key(turn.traj, self.now())
-        e.waiting.add(turn)
-        if not e.has_slot() and self.scheduler.preemptive and e.running:
-            victim = max(e.running.values(), key=lambda r: (r.key, r.seq))
-            head = e.waiting[0]
-            if self.scheduler.outranks(head.key, victim.key):
-                # Algorithm 1, lines 6-10: evict r_min, move it to Q, promote Q.top.
-                self.counts["preemptions"] += 1
-                self.metrics.preemptions.inc()
-                e.preempted += 1
-                victim.preemptions += 1
-                self._requeue(victim, e, failed=False, here=True)
-        self._pump(e)
-        self.metrics.engine_load(e)
-
-    def _pump(self, e: EngineState) -> None:
-        while e.alive and e.waiting and e.has_slot():
-            turn = e.waiting.pop(0)
-            self._run(e, turn)
-
-    def _run(self, e: EngineState, turn: Turn) -> None:
-        if turn.remaining <= 0:  # everything was generated before an abort landed
-            turn.finish_reason = turn.finish_reason or "length"
-            self._complete(turn, None)
-            return
-        turn.phase = TurnPhase.RUNNING
-        turn.engine = e
-        e.running[turn.seq] = turn
-        e.admitted += 1
-        turn.traj.host = e.idx
-        now = self.now()
-        if turn.started_s is None:
-            turn.started_s = now
-            self.metrics.queueing.observe(now - turn.arrival_s)
-        turn.task = asyncio.get_running_loop().create_task(self._attempt(e, turn, turn.attempt))
-
-    def _priority(self, e: EngineState, turn: Turn) -> int | None:
-        if not e.config.priority:
-            return None
-        return max(-_PRIORITY_BOUND, min(_PRIORITY_BOUND, int(turn.key * 1000)))
-
-    async def _attempt(self, e: EngineState, turn: Turn, attempt: int) -> None:
-        cfg = self.config
-        rid = turn.rid()
-        stream = e.client.generate(
-            rid, turn.prompt + turn.generated, turn.attempt_sampling(), self._priority(e, turn)
-        )
-        loop = asyncio.get_running_loop()
-        done: Done | None = None
-        stall_s = cfg.lent_stall_timeout_s if e.lent else cfg.stall_timeout_s
-        try:
-            async with asyncio.timeout(cfg.first_token_timeout_s) as deadline:
-                async for item in stream:
-                    if turn.attempt != attempt:  # superseded (defensive: we were cancelled)
-                        return
-                    if isinstance(item, Delta):
-                        deadline.reschedule(loop.time() + stall_s)
-                        if item.tokens:
-                            if turn.first_token_s is None:
-                                turn.first_token_s = self.now()
-                            turn.generated.extend(item.tokens)
-                            e.tokens += len(item.tokens)
-                            self.metrics.tokens.labels(e.id).inc(len(item.tokens))
-                        turn.text.append(item.text)
-                        turn.updates.put_nowait(item)
-                    else:
-                        done = item
-        except TimeoutError:
-            # NOTE: a lent engine that stops a rollout is serving first, not broken (§4.1):
-            # the turn moves, the engine stays in (its health checks judge it) but takes no
-            # rollout turn until its side reports room or slack again.
-            if e.lent and turn.attempt == attempt:
-                self.counts["stalls"] += 1
-                e.stalled = True  # no more turns there until its side reports again
-            self._on_failure(e, turn, attempt, f"no token for {stall_s:g} s", down=not e.lent)
-            return
-        except EngineRejected as exc:
-            if turn.attempt == attempt:
-                self._fail(turn, exc.detail, exc.status)
-            return
-        except EngineError as exc:
-            self._on_failure(e, turn, attempt, str(exc))
-            return
-        finally:
-            await stream.aclose()  # type: ignore[attr-defined]
-        if turn.attempt != attempt or done is None:
-            return
-        turn.cached_tokens += done.cached_tokens
-        if done.finish_reason == "abort" and turn.remaining > 0:
-            # aborted by the engine, not by us (we cancel before aborting): resume
-            self._on_failure(e, turn, attempt, "the engine aborted the request", down=False)
-            return
-        turn.finish_reason = done.finish_reason
-        turn.matched_stop = done.matched_stop
-        self._complete(turn, e)
-
-    def _on_failure(
-        self, e: EngineState, turn: Turn, attempt: int, reason: str, *, down: bool = True
-    ) -> None:
-        if turn.attempt != attempt or turn.phase is not TurnPhase.RUNNING:
-            return
-        turn.error = reason
-        if down:
-            self._engine_down(e, reason)  # moves this turn (and all others) elsewhere
-        if turn.phase is TurnPhase.RUNNING and turn.engine is e:
-            self._requeue(turn, e, failed=True)
-
-    def _stop_attempt(self, turn: Turn, e: EngineState) -> None:
-        """End the current attempt at `e`: the stream closes (vLLM aborts on disconnect) and
-        the engine is told by id; the tokens received so far stay with the turn."""
-        e.running.pop(turn.seq, None)
-        rid = turn.rid()
-        turn.attempt += 1
-        task = turn.task
-        if task is not None and not task.done() and task is not asyncio.current_task():
-            task.cancel()
-        if e.alive and not self._closing:
-            self._spawn(self._abort_quietly(e, rid))
-
-    async def _abort_quietly(self, e: EngineState, rid: str) -> None:
-        with contextlib.suppress(Exception):
-            await e.client.abort(rid)
-
-    def _requeue(self, turn: Turn, e: EngineState, *, failed: bool, here: bool = False) -> None:
-        """Stop `turn`'s attempt at `e` and queue it again: at `e` (`here`, a preemption) or
-        wherever the router sends it, avoiding `e`."""
-        self._stop_attempt(turn, e)
-        if failed:  # its engine failed, stalled or was taken out: counted once, here
-            if isinstance(self.router, QueueingRouter):
-                self.router.release(turn.traj.traj_id)
-            self.counts["failovers"] += 1
-            self.metrics.failovers.inc()
-            e.failed_turns += 1
-            turn.failovers += 1
-        if turn.attempt > MAX_ATTEMPTS + turn.preemptions:
-            self._fail(turn, f"gave up after {turn.attempt} attempts: {turn.error}", 502)
-            return
-        if failed:
-            log.info("turn %s resumes elsewhere after %d tokens", turn.rid(), len(turn.generated))
-        if here and e.routable:
-            turn.phase = TurnPhase.WAITING
-            turn.key = self.scheduler.key(turn.traj, self.now())
-            e.waiting.add(turn)
-        else:
-            self._dispatch(turn, avoid=e)
-        self._pump(e)
-
-    def _complete(self, turn: Turn, e: EngineState | None) -> None:
-        if turn.phase is TurnPhase.DONE:
-            return
-        if e is not None:
-            e.running.pop(turn.seq, None)
-            e.completed += 1
-        turn.phase = TurnPhase.DONE
-        t = turn.traj
-        now = self.now()
-        turn.ended_s = now
-        n = len(turn.generated)
-        if n:
-            t.records.append(TurnRecord(max(0, len(turn.prompt) - t.context), n, None))
-            t.steps_done += 1
-            t.generated += n
-            t.context = len(turn.prompt) + n
-        t.last_end_s = now
-        t.last_seen_s = now
-        t.active = None
-        self.metrics.turn_done(now - turn.arrival_s)
-        if turn.started_s is not None and turn.first_token_s is not None:
-            self.timing["turns"] += 1
-            self.timing["queue_s"] += turn.started_s - turn.arrival_s
-            self.timing["first_token_s"] += turn.first_token_s - turn.started_s
-            self.timing["decode_s"] += now - turn.first_token_s
-        turn.updates.put_nowait(None)
-        turn.finished.set()
-        if e is not None:
-            self._pump(e)
-            self.metrics.engine_load(e)
-            self._forget_if_drained(e)
-        if t.one_turn or t.ended:
-            self._finish(t)
-        elif n:
-            self._spawn(self._after_turn(t, t.steps_done))
-        self._handle_stale()
-        self._offer_held()
-
-    def _fail(self, turn: Turn, reason: str, status: int) -> None:
-        """The turn cannot be served: the client gets `status` with `reason`."""
-        if turn.phase is TurnPhase.DONE:
-            return
-        e = turn.engine
-        if e is None:
-            self._unhold(turn)
-        else:
-            if turn.phase is TurnPhase.RUNNING:
-                self._stop_attempt(turn, e)
-            elif turn in e.waiting:
-                e.waiting.remove(turn)
-        turn.error = reason
-        turn.error_status = status
-        turn.finish_reason = "error"
-        turn.phase = TurnPhase.DONE
-        turn.ended_s = self.now()
-        t = turn.traj
-        t.active = None
-        turn.updates.put_nowait(None)
-        turn.finished.set()
-        if t.one_turn or t.ended:
-            self._finish(t)
-        if e is not None and not self._closing:
-            self._pump(e)
-            self._offer_held()
-
-    async def _after_turn(self, t: Trajectory, steps: int) -> None:
-        """During the tool call: predict anew (off the loop), then let the router move the
-        trajectory's home."""
-        spec = trajectory_spec(t, pending=True)
-        assert spec is not None, "a pending turn always makes a spec"
-        if self.predictor.model is not None:
-            pred = await asyncio.get_running_loop().run_in_executor(
-                None, self.predictor.predict, spec, t.generated
+        turns = []
+        for i in range(n):
+            req = request
+            if n > 1 and request.sampling.get("seed") is not None:
+                req = replace(
+                    request,
+                    sampling={**request.sampling, "seed": int(request.sampling["seed"]) + i},
+                )
+            turn = Turn(
+                traj=t, index=t.steps_done, prompt=prompt, request=req, arrival_s=now, choice=i
             )
-        else:
-            pred = self.predictor.fallback(t.prompt_id, t.generated)
-        if self._by_tid.get(t.traj_id) is not t or t.steps_done != steps:
-            return  # ended, or its next turn already finished: a newer prediction follows
-        t.predicted_total = pred
-        self._migrate(t)
+            t.active[turn.seq] = turn
+            if req.client_rid is not None:
+                self._by_rid.setdefault(req.client_rid, []).append(turn)
+            turns.append(turn)
+        self.counts["turns"] += n
+        for turn in turns:
+            self._place(turn)
+        return turns
 
-    def _migrate(self, t: Trajectory) -> None:
-        live = self.current()
-        if not live:
-            return
-        target = self.router.migrate(t, live, self.now())
-        if target is None:
-            return
-        self.counts["migrations"] += 1
-        self.metrics.migrations.inc()
-        turn = t.active
-        if turn is not None and turn.phase is TurnPhase.WAITING and turn.engine is not None:
-            dest = next((e for e in live if e.idx == target), None)
-            if dest is not None and dest is not turn.engine and turn in turn.engine.waiting:
-                turn.engine.waiting.remove(turn)
-                self._enqueue(dest, turn)
-
-    def _handle_stale(self) -> None:
-        for tid in self.router.stale():
-            t = self._by_tid.get(tid)
-            if t is None:
+    async def tokenize(self, body: Mapping[str, Any]) -> list[int]:
+        """Token ids of a text prompt ({"prompt", "add_special_tokens"}) or a chat request
+        ({"messages", ...}): by the router's tokenizer, else by a live engine's `/tokenize`
+        (each engine tried in turn, each call with a deadline)."""
+        if self.tokenizer is not None:
+            if "messages" in body:
+                return self.tokenizer.chat(body)
+            return self.tokenizer.encode(body["prompt"], bool(body.get("add_special_tokens", True)))
+        live = self.live()
+        if "messages" in body:
+            live = [e for e in live if e.config.kind is EngineKind.VLLM]
+            if not live:
+                raise InvalidRequest(
+                    "chat needs the router's tokenizer (set `tokenizer`) or a vLLM engine"
+                )
+        errors = []
+        for e in sorted(live, key=lambda e: (e.failures, e.load, e.idx)):
+            try:
+                ids = await e.client.tokenize(body)
+            except EngineUnreachable as exc:
+                self.engine_down(e, str(exc))
+                errors.append(str(exc))
                 continue
-            if t.active is None or t.active.phase is TurnPhase.WAITING:
-                self._migrate(t)
+            except EngineError as exc:
+                errors.append(str(exc))
+                continue
+            self.counts["engine_tokenized"] += 1
+            return ids
+        if not errors:
+            raise Unavailable("no live engine: add one with POST /v1/engines")
+        raise EngineError(f"no engine could tokenize the prompt: {'; '.join(errors)}")
 
     # ---- views -------------------------------------------------------------------------
 
-    def stats(self) -> dict[str, Any]:
-        engines = {
-            e.id: {
-                "url": e.config.url,
-                "kind": e.config.kind.value,
-                "tp": e.tp,
-                "alive": e.alive,
-                "draining": e.draining,
-                "max_running": e.max_running,
-                "running": len(e.running),
-                "waiting": len(e.waiting),
-                "load": e.load,
-                "admitted": e.admitted,
-                "completed": e.completed,
-                "preempted": e.preempted,
-                "failed_turns": e.failed_turns,
-                "tokens": e.tokens,
-                "lent": e.lent,
-                "version": e.version,
-                "free_tokens": e.free_tokens,
-                "slack_s": e.reported_slack_s if math.isfinite(e.reported_slack_s) else None,
-                "stalled": e.stalled,
-            }
-            for e in self.engines.values()
+    def load(self) -> int:
+        """Turns in flight: held, queued and running."""
+        return sum(len(t.active) for t in self.trajectories.values())
+
+    def held(self) -> int:
+        return sum(len(q) for q in self._held.values())
+
+    def engine_view(self, e: EngineState) -> dict[str, Any]:
+        return {
+            "url": e.config.url,
+            "kind": e.config.kind.value,
+            "tp": e.tp,
+            "alive": e.alive,
+            "draining": e.draining,
+            "max_running": e.max_running,
+            "running": len(e.running),
+            "waiting": len(e.waiting),
+            "load": e.load,
+            "admitted": e.admitted,
+            "completed": e.completed,
+            "preempted": e.preempted,
+            "failed_turns": e.failed_turns,
+            "tokens": e.tokens,
+            "lent": e.lent,
+            "version": e.version,
+            "free_tokens": e.free_tokens,
+            "slack_s": e.reported_slack_s if math.isfinite(e.reported_slack_s) else None,
+            "stalled": e.stalled,
         }
+
+    def stats(self) -> dict[str, Any]:
         return {
             "model": self.model,
             "placement": self.config.placement.value,
             "scheduler": self.config.scheduler.value,
-            "engines": engines,
+            "tokenizer": self.tokenizer.source if self.tokenizer is not None else None,
+            "engines": {e.id: self.engine_view(e) for e in self.engines.values()},
             "weights_version": self.version,
-            "held": len(self._held),
+            "held": self.held(),
             "policy": dict(self.counts),
             "timing": dict(self.timing),
             "trajectories": {

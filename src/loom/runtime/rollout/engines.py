@@ -4,32 +4,38 @@ Two dialects cover the engines RL frameworks run:
 
 * `VllmEngine`: vLLM's OpenAI server. A turn is `POST /v1/completions` with the prompt as
   token ids, `return_token_ids` (every stream chunk carries the new ids) and `request_id`
-  (the engine names the request `cmpl-{request_id}-0`). An abort closes the stream (vLLM
-  aborts a request whose client went away) and also names it at `POST /abort_requests`,
-  served with `VLLM_SERVER_DEV_MODE=1`; that route answers 200 whether or not it aborted
-  anything, so the router never trusts the answer: the tokens it counts are the ones the
-  stream delivered.
-* `SglangEngine`: SGLang's native `POST /generate` with `input_ids`, `rid` and
-  `sampling_params`; `POST /abort_request {"rid"}` aborts. Stream chunks carry `output_ids`
-  either cumulatively (SGLang's default) or incrementally (`--incremental-streaming-output`);
-  the client tells them apart by `meta_info.completion_tokens`.
+  (the engine names the request `cmpl-{request_id}-0`). Logprobs are asked with
+  `return_tokens_as_token_ids`, so that every alternative comes back as a token id. Prompt
+  logprobs exist only in vLLM's non-streamed answer: an attempt that needs them is not
+  streamed. An abort closes the stream (vLLM aborts a request whose client went away) and
+  also names it at `POST /abort_requests`, served with `VLLM_SERVER_DEV_MODE=1`; that route
+  answers 200 whether or not it aborted anything, so the router never trusts the answer: the
+  tokens it counts are the ones the stream delivered.
+* `SglangEngine`: SGLang's native `POST /generate` with `input_ids`, `rid`,
+  `sampling_params` and `return_logprob`; `POST /abort_request {"rid"}` aborts. Stream chunks
+  carry `output_ids` (and the output logprobs) either cumulatively (SGLang's default) or
+  incrementally (`--incremental-streaming-output`); the client tells them apart by
+  `meta_info.completion_tokens`.
 
-Both yield `Delta`s (new token ids and their text) and end with one `Done` (the finish reason
-and the engine's usage), or raise `EngineError` when the engine fails (refused connection,
-5xx, broken stream). Sampling parameters travel in OpenAI names (`max_tokens`, `min_tokens`,
-`stop`, `temperature`, ...) and are renamed for SGLang.
+Both yield `Delta`s (new token ids, their text and logprobs) and end with one `Done` (the
+finish reason and the engine's usage), or raise `EngineError` when the engine fails (refused
+connection, 5xx, a broken stream). Every call but a stream's body has a deadline
+(`call_timeout_s`); a stream's progress is the driver's to time.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 
+from loom.core.errors import UpstreamError
 from loom.runtime.rollout.config import EngineKind
+from loom.runtime.rollout.fields import sglang_sampling, vllm_sampling
+from loom.runtime.rollout.turn import LogprobSpec, PromptLogprob, TokenLogprob
 
 __all__ = [
     "Delta",
@@ -37,6 +43,7 @@ __all__ = [
     "EngineClient",
     "EngineError",
     "EngineRejected",
+    "EngineUnreachable",
     "ModelInfo",
     "SglangEngine",
     "VllmEngine",
@@ -44,19 +51,25 @@ __all__ = [
     "probe_kind",
 ]
 
-_SGLANG_NAMES = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens"}
+_loads = json.loads
+NO_LOGPROBS = LogprobSpec()
 
 
-class EngineError(Exception):
-    """The engine failed (unreachable, 5xx, a broken stream): the turn goes elsewhere."""
+class EngineError(UpstreamError):
+    """The engine failed (unreachable, 5xx, a broken stream, a deadline): the turn goes
+    elsewhere."""
 
 
-class EngineRejected(Exception):
-    """The engine refused the request itself (4xx): the client's request is at fault."""
+class EngineUnreachable(EngineError):
+    """The engine refused the connection: it is down."""
+
+
+class EngineRejected(UpstreamError):
+    """The engine refused the request itself (a 4xx, relayed): the client's request is at
+    fault."""
 
     def __init__(self, status: int, detail: str) -> None:
-        super().__init__(detail)
-        self.status = status
+        super().__init__(detail, status)
         self.detail = detail
 
 
@@ -64,6 +77,8 @@ class EngineRejected(Exception):
 class Delta:
     tokens: list[int]
     text: str
+    logprobs: list[TokenLogprob] | None = None  # one per token, when asked
+    prompt_logprobs: list[PromptLogprob] | None = None  # once, when asked
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +86,8 @@ class Done:
     finish_reason: str  # "stop", "length" or "abort"
     matched_stop: int | str | None = None
     cached_tokens: int = 0
+    message: str | None = None  # an abort's reason, as the engine gave it
+    routed_experts: Any = None
 
 
 @dataclass(frozen=True)
@@ -78,6 +95,7 @@ class ModelInfo:
     model: str
     kind: EngineKind
     max_model_len: int | None = None
+    root: str | None = None  # where the engine loaded the model from, if it says
 
 
 @dataclass
@@ -86,6 +104,7 @@ class EngineClient:
 
     url: str
     session: aiohttp.ClientSession
+    call_timeout_s: float = 10.0
     model: str = ""
     kind: EngineKind = field(init=False)
 
@@ -107,6 +126,7 @@ class EngineClient:
         prompt: list[int],
         sampling: Mapping[str, Any],
         priority: int | None,
+        logprobs: LogprobSpec = NO_LOGPROBS,
     ) -> AsyncIterator[Delta | Done]:
         raise NotImplementedError
 
@@ -121,22 +141,36 @@ class EngineClient:
             raise EngineError(f"{self.url}/tokenize answered without tokens: {str(data)[:200]}")
         return [int(t) for t in tokens]
 
-    async def _post_json(self, path: str, body: Mapping[str, Any]) -> Any:
-        try:
-            async with self.session.post(f"{self.url}{path}", json=body) as resp:
-                text = await resp.text()
-                _raise_for(resp.status, text, self.url + path)
-                return json.loads(text)
-        except (aiohttp.ClientError, OSError, json.JSONDecodeError) as exc:
-            raise EngineError(f"{self.url}{path}: {exc!r}") from exc
+    def _timeout(self) -> aiohttp.ClientTimeout:
+        return aiohttp.ClientTimeout(total=self.call_timeout_s)
 
-    async def _get_json(self, path: str, timeout_s: float = 10.0) -> Any:
-        async with self.session.get(
-            f"{self.url}{path}", timeout=aiohttp.ClientTimeout(total=timeout_s)
-        ) as resp:
-            text = await resp.text()
-            _raise_for(resp.status, text, self.url + path)
-            return json.loads(text)
+    async def _post_json(self, path: str, body: Mapping[str, Any]) -> Any:
+        where = f"{self.url}{path}"
+        try:
+            async with self.session.post(where, json=body, timeout=self._timeout()) as resp:
+                raw = await resp.read()
+                _raise_for(resp.status, raw, where)
+                return _loads(raw)
+        except aiohttp.ClientConnectorError as exc:
+            raise EngineUnreachable(f"{where}: {exc}") from exc
+        except TimeoutError as exc:
+            raise EngineError(f"{where}: no answer in {self.call_timeout_s:g} s") from exc
+        except (aiohttp.ClientError, OSError, json.JSONDecodeError) as exc:
+            raise EngineError(f"{where}: {exc!r}") from exc
+
+    async def _get_json(self, path: str) -> Any:
+        where = f"{self.url}{path}"
+        try:
+            async with self.session.get(where, timeout=self._timeout()) as resp:
+                raw = await resp.read()
+                _raise_for(resp.status, raw, where)
+                return _loads(raw)
+        except aiohttp.ClientConnectorError as exc:
+            raise EngineUnreachable(f"engine {self.url} is unreachable: {exc}") from exc
+        except TimeoutError as exc:
+            raise EngineError(f"{where}: no answer in {self.call_timeout_s:g} s") from exc
+        except (aiohttp.ClientError, OSError, json.JSONDecodeError) as exc:
+            raise EngineError(f"{where}: {exc!r}") from exc
 
     async def _chunks(self, path: str, body: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """The chunks of a streamed POST; any failure of the engine is an `EngineError`."""
@@ -144,11 +178,13 @@ class EngineClient:
         try:
             async with self.session.post(where, json=body) as resp:
                 if resp.status >= 400:
-                    _raise_for(resp.status, await resp.text(), where)
+                    _raise_for(resp.status, await resp.read(), where)
                 async for chunk in _sse(resp):
                     if "error" in chunk:
                         raise EngineError(f"engine error mid-stream: {chunk['error']}")
                     yield chunk
+        except aiohttp.ClientConnectorError as exc:
+            raise EngineUnreachable(f"{where}: {exc}") from exc
         except (aiohttp.ClientError, OSError) as exc:
             raise EngineError(f"{where}: {exc!r}") from exc
 
@@ -162,9 +198,10 @@ class EngineClient:
             pass  # the stream's close already stops the request at most engines
 
 
-def _raise_for(status: int, text: str, where: str) -> None:
+def _raise_for(status: int, raw: bytes, where: str) -> None:
     if status < 400:
         return
+    text = raw.decode(errors="replace")
     detail = text[:500]
     try:
         body = json.loads(text)
@@ -181,16 +218,60 @@ def _raise_for(status: int, text: str, where: str) -> None:
 async def _sse(resp: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
     """The JSON objects of a server-sent-event stream, up to `[DONE]`."""
     async for raw in resp.content:
-        line = raw.strip()
-        if not line.startswith(b"data:"):
+        if not raw.startswith(b"data:"):
             continue
-        payload = line[5:].strip()
+        payload = raw[5:].strip()
         if payload == b"[DONE]":
             return
         try:
-            yield json.loads(payload)
+            yield _loads(payload)
         except json.JSONDecodeError as exc:
             raise EngineError(f"malformed stream chunk {payload[:200]!r}") from exc
+
+
+# ---- vLLM ----------------------------------------------------------------------------------
+
+
+def _token_id(name: str) -> int:
+    """vLLM's `token_id:N` (return_tokens_as_token_ids) as N."""
+    if name.startswith("token_id:"):
+        return int(name[9:])
+    raise EngineError(f"expected a token_id:N logprob token, got {name!r}")
+
+
+def _vllm_logprobs(ids: Sequence[int], lp: Mapping[str, Any]) -> list[TokenLogprob]:
+    values = lp.get("token_logprobs") or []
+    tops = lp.get("top_logprobs") or []
+    out = []
+    for j in range(len(ids)):
+        value = values[j] if j < len(values) else None
+        top = tops[j] if j < len(tops) and tops[j] else {}
+        alts = tuple((_token_id(k), float(v)) for k, v in top.items())
+        # NOTE: vLLM's order: the sampled token first, then by rank
+        out.append(TokenLogprob(float(value) if value is not None else float("nan"), alts))
+    return out
+
+
+def _vllm_prompt_logprobs(prompt: Sequence[int], rows: Sequence[Any]) -> list[PromptLogprob]:
+    out = []
+    for i, tid in enumerate(prompt):
+        row = rows[i] if i < len(rows) else None
+        if not row:
+            out.append(PromptLogprob(tid, None))
+            continue
+        entries = sorted(
+            ((int(k), v) for k, v in row.items()), key=lambda kv: kv[1].get("rank") or 0
+        )
+        own = row.get(str(tid)) or {}
+        out.append(
+            PromptLogprob(
+                tid,
+                float(own["logprob"]) if "logprob" in own else None,
+                own.get("rank"),
+                tuple((k, float(v["logprob"])) for k, v in entries),
+            )
+        )
+    return out
 
 
 @dataclass
@@ -204,7 +285,33 @@ class VllmEngine(EngineClient):
         if not models:
             raise EngineError(f"{self.url}/v1/models lists no model")
         self.model = str(models[0]["id"])
-        return ModelInfo(self.model, self.kind, models[0].get("max_model_len"))
+        return ModelInfo(
+            self.model, self.kind, models[0].get("max_model_len"), models[0].get("root")
+        )
+
+    def _body(
+        self,
+        rid: str,
+        prompt: list[int],
+        sampling: Mapping[str, Any],
+        priority: int | None,
+        logprobs: LogprobSpec,
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            **vllm_sampling(sampling),
+            "model": self.model,
+            "prompt": prompt,
+            "return_token_ids": True,
+            "request_id": rid,
+        }
+        if logprobs.output:
+            body["logprobs"] = logprobs.top
+            body["return_tokens_as_token_ids"] = True
+        if logprobs.prompt_start is not None:
+            body["prompt_logprobs"] = logprobs.prompt_top
+        if priority is not None:
+            body["priority"] = priority
+        return body
 
     async def generate(
         self,
@@ -212,30 +319,30 @@ class VllmEngine(EngineClient):
         prompt: list[int],
         sampling: Mapping[str, Any],
         priority: int | None,
+        logprobs: LogprobSpec = NO_LOGPROBS,
     ) -> AsyncIterator[Delta | Done]:
-        body: dict[str, Any] = {
-            **sampling,
-            "model": self.model,
-            "prompt": prompt,
-            "stream": True,
-            "return_token_ids": True,
-            "request_id": rid,
-            "stream_options": {"include_usage": True},
-        }
-        if priority is not None:
-            body["priority"] = priority
+        body = self._body(rid, prompt, sampling, priority, logprobs)
+        if logprobs.prompt_start is not None:
+            # NOTE: vLLM returns prompt logprobs only in its non-streamed answer
+            async for item in self._whole(rid, prompt, body, logprobs.prompt_start):
+                yield item
+            return
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
         finish: str | None = None
         stop: int | str | None = None
         cached = 0
         async for chunk in self._chunks("/v1/completions", body):
-            usage = chunk.get("usage") or {}
-            details = usage.get("prompt_tokens_details") or {}
-            cached = int(details.get("cached_tokens") or cached)
+            usage = chunk.get("usage")
+            if usage:
+                details = usage.get("prompt_tokens_details") or {}
+                cached = int(details.get("cached_tokens") or cached)
             for choice in chunk.get("choices") or ():
                 ids = choice.get("token_ids") or []
                 text = choice.get("text") or ""
                 if ids or text:
-                    yield Delta([int(t) for t in ids], text)
+                    lp = choice.get("logprobs")
+                    yield Delta(ids, text, _vllm_logprobs(ids, lp) if lp and ids else None)
                 if choice.get("finish_reason"):
                     finish = choice["finish_reason"]
                     stop = choice.get("stop_reason")
@@ -243,8 +350,44 @@ class VllmEngine(EngineClient):
             raise EngineError(f"{self.url}: the stream of {rid} ended without a finish reason")
         yield Done(finish, stop, cached)
 
+    async def _whole(
+        self, rid: str, prompt: list[int], body: dict[str, Any], start: int
+    ) -> AsyncIterator[Delta | Done]:
+        where = f"{self.url}/v1/completions"
+        try:
+            async with self.session.post(where, json=body) as resp:
+                raw = await resp.read()
+                _raise_for(resp.status, raw, where)
+                data = _loads(raw)
+        except aiohttp.ClientConnectorError as exc:
+            raise EngineUnreachable(f"{where}: {exc}") from exc
+        except (aiohttp.ClientError, OSError, json.JSONDecodeError) as exc:
+            raise EngineError(f"{where}: {exc!r}") from exc
+        choices = data.get("choices") or []
+        if not choices:
+            raise EngineError(f"{where}: the answer to {rid} has no choice")
+        choice = choices[0]
+        ids = choice.get("token_ids") or []
+        lp = choice.get("logprobs")
+        usage = data.get("usage") or {}
+        cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        yield Delta(
+            ids,
+            choice.get("text") or "",
+            _vllm_logprobs(ids, lp) if lp and ids else None,
+            _vllm_prompt_logprobs(prompt, choice.get("prompt_logprobs") or [])[start:],
+        )
+        yield Done(choice.get("finish_reason") or "stop", choice.get("stop_reason"), cached)
+
     async def abort(self, rid: str) -> None:
         await self._post_quietly("/abort_requests", {"request_ids": [f"cmpl-{rid}-0"]})
+
+
+# ---- SGLang ----------------------------------------------------------------------------------
+
+
+def _sglang_top(rows: Any) -> tuple[tuple[int, float], ...]:
+    return tuple((int(r[1]), float(r[0])) for r in rows or () if r and r[0] is not None)
 
 
 @dataclass
@@ -255,7 +398,9 @@ class SglangEngine(EngineClient):
     async def probe(self) -> ModelInfo:
         data = await self._get_json("/get_model_info")
         self.model = str(data.get("model_path") or data.get("served_model_name") or "model")
-        return ModelInfo(self.model, self.kind, data.get("max_total_num_tokens"))
+        return ModelInfo(
+            self.model, self.kind, data.get("max_total_num_tokens"), data.get("model_path")
+        )
 
     async def generate(
         self,
@@ -263,22 +408,41 @@ class SglangEngine(EngineClient):
         prompt: list[int],
         sampling: Mapping[str, Any],
         priority: int | None,
+        logprobs: LogprobSpec = NO_LOGPROBS,
     ) -> AsyncIterator[Delta | Done]:
-        params = {_SGLANG_NAMES.get(k, k): v for k, v in sampling.items() if k != "n"}
+        params = sglang_sampling(sampling)
+        experts = params.pop("return_routed_experts", None)
+        start = params.pop("routed_experts_start_len", None)
+        extra_key = params.pop("extra_key", None)
+        salt = params.pop("cache_salt", None)
         body: dict[str, Any] = {
             "input_ids": prompt,
             "sampling_params": params,
             "rid": rid,
             "stream": True,
         }
+        for name, value in (
+            ("return_routed_experts", experts),
+            ("routed_experts_start_len", start),
+            ("extra_key", extra_key),
+            ("cache_salt", salt),
+        ):
+            if value is not None:
+                body[name] = value
+        if logprobs.any:
+            body["return_logprob"] = True
+            body["top_logprobs_num"] = max(logprobs.top, logprobs.prompt_top)
+            body["logprob_start_len"] = (
+                logprobs.prompt_start if logprobs.prompt_start is not None else -1
+            )
         if priority is not None:
             body["priority"] = priority
-        seen_ids = 0
-        seen_text = 0
+        seen_ids = seen_text = seen_lp = 0
+        prompt_done = logprobs.prompt_start is None
         done: Done | None = None
         async for chunk in self._chunks("/generate", body):
             meta = chunk.get("meta_info") or {}
-            ids = [int(t) for t in chunk.get("output_ids") or ()]
+            ids = chunk.get("output_ids") or []
             total = int(meta.get("completion_tokens", seen_ids + len(ids)))
             cumulative = len(ids) == total and total > 0  # SGLang's default stream
             if cumulative:  # keep only what is new, of the ids and of the text
@@ -289,13 +453,44 @@ class SglangEngine(EngineClient):
                 new_text, seen_text = text[seen_text:], len(text)
             else:
                 new_text = text
-            if ids or new_text:
-                yield Delta(ids, new_text)
+            lps: list[TokenLogprob] | None = None
+            if logprobs.output:
+                rows = meta.get("output_token_logprobs") or []
+                tops = meta.get("output_top_logprobs") or []
+                if len(rows) == total:  # cumulative
+                    rows, tops = rows[seen_lp:], tops[seen_lp:]
+                seen_lp = total
+                lps = [
+                    TokenLogprob(float(r[0]), _sglang_top(tops[j] if j < len(tops) else ()))
+                    for j, r in enumerate(rows)
+                ]
+            plp = None
+            if not prompt_done and meta.get("input_token_logprobs") is not None:
+                prompt_done = True
+                tops_in = meta.get("input_top_logprobs") or []
+                plp = [
+                    PromptLogprob(
+                        int(r[1]),
+                        None if r[0] is None else float(r[0]),
+                        None,
+                        _sglang_top(tops_in[j] if j < len(tops_in) else ()),
+                    )
+                    for j, r in enumerate(meta["input_token_logprobs"])
+                ]
+            if ids or new_text or plp is not None:
+                yield Delta(ids, new_text, lps, plp)
             reason = meta.get("finish_reason")
             if reason:
                 kind = reason.get("type") if isinstance(reason, dict) else str(reason)
                 matched = reason.get("matched") if isinstance(reason, dict) else None
-                done = Done(str(kind), matched, int(meta.get("cached_tokens") or 0))
+                message = reason.get("message") if isinstance(reason, dict) else None
+                done = Done(
+                    str(kind),
+                    matched,
+                    int(meta.get("cached_tokens") or 0),
+                    message,
+                    meta.get("routed_experts"),
+                )
         if done is None:
             raise EngineError(f"{self.url}: the stream of {rid} ended without a finish reason")
         yield done
@@ -304,21 +499,27 @@ class SglangEngine(EngineClient):
         await self._post_quietly("/abort_request", {"rid": rid})
 
 
-async def probe_kind(url: str, session: aiohttp.ClientSession) -> EngineKind:
+async def probe_kind(
+    url: str, session: aiohttp.ClientSession, timeout_s: float = 10.0
+) -> EngineKind:
     """SGLang answers `/get_model_info`; vLLM and other OpenAI servers `/v1/models`."""
     for path, kind in (("/get_model_info", EngineKind.SGLANG), ("/v1/models", EngineKind.VLLM)):
         try:
-            async with session.get(f"{url}{path}", timeout=aiohttp.ClientTimeout(total=10)) as r:
+            async with session.get(
+                f"{url}{path}", timeout=aiohttp.ClientTimeout(total=timeout_s)
+            ) as r:
                 if r.status == 200:
                     return kind
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            raise EngineError(f"engine {url} is unreachable: {exc}") from exc
+            raise EngineUnreachable(f"engine {url} is unreachable: {exc!r}") from exc
     raise EngineError(f"engine {url} answers neither /get_model_info (SGLang) nor /v1/models")
 
 
-def make_engine(kind: EngineKind, url: str, session: aiohttp.ClientSession) -> EngineClient:
+def make_engine(
+    kind: EngineKind, url: str, session: aiohttp.ClientSession, call_timeout_s: float = 10.0
+) -> EngineClient:
     if kind is EngineKind.SGLANG:
-        return SglangEngine(url, session)
+        return SglangEngine(url, session, call_timeout_s)
     if kind is EngineKind.VLLM:
-        return VllmEngine(url, session)
+        return VllmEngine(url, session, call_timeout_s)
     raise ValueError(f"probe the engine kind first, got {kind}")

@@ -13,10 +13,10 @@ from typing import Any
 
 from aiohttp import web
 
-from loom.core.errors import ConfigError
+from loom.core.errors import ConfigError, Conflict
 from loom.runtime.rollout.app import DRIVER, create_app
 from loom.runtime.rollout.config import RolloutServerConfig
-from loom.runtime.rollout.driver import Conflict, RolloutDriver, check_config
+from loom.runtime.rollout.driver import RolloutDriver, check_config
 from loom.runtime.rollout.engines import EngineError
 
 __all__ = ["BackgroundRouter", "bind", "new_loop", "serve"]

@@ -4,12 +4,16 @@ over a deterministic "model" with continuous batching on a fixed step time.
 
 It exists because vLLM, the engine Loom tests against, has no SGLang dialect; it serves the
 tests of that dialect and of what a real engine makes slow to provoke (a hang, a crash
-mid-stream). The next token is a function of the whole context, so a turn that is aborted
-and resumed with its partial output produces exactly the tokens an uninterrupted one would —
-as greedy decoding does on a real engine.
+mid-stream). The next token is a function of the whole context, and so is every logprob
+(`return_logprob`, `top_logprobs_num`, `logprob_start_len`), so a turn that is aborted and
+resumed with its partial output produces exactly the tokens and logprobs an uninterrupted one
+would — as greedy decoding does on a real engine.
 
 `GET /debug/requests` lists every request received (rid, prompt length, max_new_tokens);
-`POST /debug/fault {"mode": "hang"|"crash"|"unhealthy"|"none"}` injects a fault.
+`POST /debug/fault {"mode": "hang"|"crash"|"unhealthy"|"none"}` injects a fault into every
+route it serves (but /debug): `hang` answers nothing until the fault is cleared (as a process
+stopped with SIGSTOP), `crash` drops the connection (mid-stream for a generation),
+`unhealthy` answers 503.
 
 Run: `python -m loom.runtime.rollout.standin --port 30000 [--step-ms 5] [--max-running 64]`
 """
@@ -34,6 +38,50 @@ __all__ = ["StandinEngine", "StandinProcess", "next_token"]
 
 VOCAB = 32000
 EOS = 2
+# SGLang's SamplingParams fields (python/sglang/srt/sampling/sampling_params.py)
+_SAMPLING = {
+    "max_new_tokens",
+    "min_new_tokens",
+    "stop",
+    "stop_token_ids",
+    "stop_regex",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "n",
+    "json_schema",
+    "regex",
+    "ebnf",
+    "structural_tag",
+    "ignore_eos",
+    "no_stop_trim",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "custom_params",
+    "logit_bias",
+    "sampling_seed",
+    "stream_interval",
+}
+
+
+def token_logprob(context: list[int], token: int) -> float:
+    """The stand-in model's logprob of `token` after `context`: in [-10, 0)."""
+    h = zlib.crc32(token.to_bytes(4, "little") + bytes(str(context[-16:]), "ascii"))
+    return -((h % 10000) / 1000 + 0.001)
+
+
+def top_logprobs(context: list[int], k: int) -> list[tuple[int, float]]:
+    """The `k` most likely tokens after `context` (the sampled one first), as (id, logprob)."""
+    first = next_token(context)
+    h = zlib.crc32(len(context).to_bytes(4, "little"))
+    alts = [first, *(3 + (h + 7919 * j) % (VOCAB - 3) for j in range(1, k))]
+    best = dict.fromkeys(alts)  # unique, in order
+    ranked = [(t, token_logprob(context, t)) for t in best]
+    return sorted(ranked, key=lambda kv: (kv[0] != first, -kv[1]))[:k]
 
 
 def next_token(context: list[int]) -> int:
@@ -59,6 +107,11 @@ class _Request:
     finish: dict[str, Any] | None = None
     cached: int = 0
     prefill_left: float = 0.0
+    logprob: bool = False
+    top: int = 0
+    start: int = -1
+    logprobs: list[list[Any]] = field(default_factory=list)
+    tops: list[list[list[Any]]] = field(default_factory=list)
 
 
 class StandinEngine:
@@ -117,6 +170,9 @@ class StandinEngine:
                     r.prefill_left -= self.step_s
                     continue
                 tok = next_token(r.context)
+                if r.logprob:
+                    r.logprobs.append([token_logprob(r.context, tok), tok, None])
+                    r.tops.append([[v, t, None] for t, v in top_logprobs(r.context, r.top)])
                 r.context.append(tok)
                 r.generated.append(tok)
                 n = len(r.generated)
@@ -135,19 +191,33 @@ class StandinEngine:
         text = " ".join(f"t{t}" for t in shown)
         if self.incremental and shown and len(r.generated) > len(new):
             text = " " + text
-        r.out.put_nowait(
-            {
-                "text": text,
-                "output_ids": ids,
-                "meta_info": {
-                    "id": r.rid,
-                    "finish_reason": r.finish,
-                    "prompt_tokens": r.prompt_len,
-                    "completion_tokens": len(r.generated),
-                    "cached_tokens": r.cached,
-                },
-            }
-        )
+        meta: dict[str, Any] = {
+            "id": r.rid,
+            "finish_reason": r.finish,
+            "prompt_tokens": r.prompt_len,
+            "completion_tokens": len(r.generated),
+            "cached_tokens": r.cached,
+        }
+        if r.logprob:
+            k = len(new) if self.incremental else len(r.logprobs)
+            meta["output_token_logprobs"] = r.logprobs[len(r.logprobs) - k :]
+            if r.top:
+                meta["output_top_logprobs"] = r.tops[len(r.tops) - k :]
+            prompt = r.context[: r.prompt_len]
+            meta["input_token_logprobs"] = (
+                [
+                    [None if i == 0 else token_logprob(prompt[:i], prompt[i]), prompt[i], None]
+                    for i in range(max(r.start, 0), r.prompt_len)
+                ]
+                if r.start >= 0
+                else []
+            )
+            if r.top and r.start >= 0:
+                meta["input_top_logprobs"] = [
+                    None if i == 0 else [[v, t, None] for t, v in top_logprobs(prompt[:i], r.top)]
+                    for i in range(r.start, r.prompt_len)
+                ]
+        r.out.put_nowait({"text": text, "output_ids": ids, "meta_info": meta})
 
     def _end(self, r: _Request) -> None:
         self.running.pop(r.rid, None)
@@ -158,8 +228,24 @@ class StandinEngine:
 
     # -- HTTP --
 
+    @web.middleware
+    async def _faults(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """The injected fault, on every route but /debug."""
+        if request.path.startswith("/debug"):
+            return await handler(request)  # type: ignore[no-any-return]
+        if self.fault == "hang":
+            while self.fault == "hang":
+                await asyncio.sleep(0.05)
+        if self.fault == "unhealthy":
+            return web.json_response({"error": "unhealthy"}, status=503)
+        if self.fault == "crash" and request.path != "/generate":
+            assert request.transport is not None
+            request.transport.abort()
+            raise ConnectionResetError("crash fault")
+        return await handler(request)  # type: ignore[no-any-return]
+
     def app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(middlewares=[self._faults])
         app.router.add_get("/health", self.health)
         app.router.add_get("/get_model_info", self.model_info)
         app.router.add_post("/generate", self.generate)
@@ -181,8 +267,6 @@ class StandinEngine:
         return app
 
     async def health(self, request: web.Request) -> web.Response:
-        if self.fault == "unhealthy":
-            return web.json_response({"error": "unhealthy"}, status=503)
         return web.Response(text="")
 
     async def model_info(self, request: web.Request) -> web.Response:
@@ -224,8 +308,6 @@ class StandinEngine:
         return web.Response(text="")
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
-        if self.fault == "unhealthy":
-            return web.json_response({"error": "unhealthy"}, status=503)
         body = await request.json()
         ids = body.get("input_ids")
         if not isinstance(ids, list) or not ids:
@@ -235,6 +317,11 @@ class StandinEngine:
         max_new = int(params.get("max_new_tokens", 128))
         if max_new < 1:
             return web.json_response({"error": "max_new_tokens must be >= 1"}, status=400)
+        unknown = set(params) - _SAMPLING
+        if unknown:  # SGLang's SamplingParams refuses what it does not know
+            return web.json_response(
+                {"error": f"unknown sampling parameters {sorted(unknown)}"}, status=400
+            )
         r = _Request(
             rid=rid,
             context=list(ids),
@@ -244,6 +331,15 @@ class StandinEngine:
             ignore_eos=bool(params.get("ignore_eos")),
             stop_ids=set(params.get("stop_token_ids") or ()),
         )
+        if body.get("return_logprob"):
+            r.logprob = True
+            r.top = int(body.get("top_logprobs_num") or 0)
+            r.start = int(body.get("logprob_start_len", -1))
+            if r.start >= len(ids):
+                return web.json_response(
+                    {"error": f"logprob_start_len {r.start} >= the prompt's {len(ids)}"},
+                    status=400,
+                )
         r.cached = self._cached_prefix(r.context)
         r.prefill_left = (len(ids) - r.cached) * self.prefill_s_per_token
         self.log.append(
@@ -253,6 +349,8 @@ class StandinEngine:
                 "max_new_tokens": max_new,
                 "min_new_tokens": r.min_new,
                 "priority": body.get("priority"),
+                "sampling_params": dict(params),
+                "return_logprob": bool(body.get("return_logprob")),
             }
         )
         self.waiting.append(r)

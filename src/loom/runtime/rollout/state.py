@@ -1,23 +1,23 @@
-"""What the router knows: trajectories (the `TrajectoryView` policies read), the turns in
-flight, and engines (the `WorkerView` policies read). Plain objects owned by the driver's
-event loop; nothing here does I/O."""
+"""What the router knows: trajectories (the `TrajectoryView` policies read) and engines (the
+`WorkerView` policies read). Plain objects owned by the driver's event loop; nothing here does
+I/O. Turns are in `turn.py`."""
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING
 
 from sortedcontainers import SortedList
 
 from loom.runtime.rollout.config import EngineConfig
-from loom.runtime.rollout.engines import Delta, EngineClient
+from loom.runtime.rollout.engines import EngineClient
 
-__all__ = ["EngineState", "Trajectory", "Turn", "TurnPhase", "TurnRecord"]
+if TYPE_CHECKING:
+    from loom.runtime.rollout.turn import Turn
+
+__all__ = ["EngineState", "Trajectory", "TurnRecord"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,77 +49,18 @@ class Trajectory:
     records: list[TurnRecord] = field(default_factory=list)
     last_end_s: float | None = None  # when its last turn ended (a tool call began)
     last_seen_s: float = 0.0
-    active: Turn | None = None
+    # its turns in flight, by seq: agent frameworks branch, and n > 1 samples are siblings
+    active: dict[int, Turn] = field(default_factory=dict)
     ended: bool = False
     started: bool = False  # its first turn arrived
-    one_turn: bool = False  # anonymous: ends with its only turn
+    one_turn: bool = False  # anonymous: ends with its only request
 
     @property
     def pending_context(self) -> int:
-        """Tokens in the prompt of its turn in flight (else its context so far)."""
-        return len(self.active.prompt) if self.active is not None else self.context
-
-
-class TurnPhase(StrEnum):
-    WAITING = "waiting"
-    RUNNING = "running"
-    DONE = "done"
-
-
-_rid = itertools.count()
-
-
-@dataclass(eq=False)
-class Turn:
-    """One LLM call of a trajectory. `generated` survives preemption and failover: a resumed
-    attempt sends prompt + generated and asks only for the tokens still missing."""
-
-    traj: Trajectory
-    index: int
-    prompt: list[int]
-    sampling: dict[str, Any]  # OpenAI names; max_tokens always set
-    arrival_s: float
-    generated: list[int] = field(default_factory=list)
-    text: list[str] = field(default_factory=list)
-    attempt: int = 0
-    phase: TurnPhase = TurnPhase.WAITING
-    engine: EngineState | None = None
-    key: float = 0.0
-    seq: int = field(default_factory=lambda: next(_rid))
-    started_s: float | None = None  # first admission (queueing delay ends)
-    first_token_s: float | None = None
-    ended_s: float | None = None
-    finish_reason: str | None = None
-    matched_stop: int | str | None = None
-    error: str | None = None
-    error_status: int = 502
-    preemptions: int = 0
-    failovers: int = 0
-    cached_tokens: int = 0
-    task: asyncio.Task[None] | None = None
-    updates: asyncio.Queue[Delta | None] = field(default_factory=asyncio.Queue)
-    finished: asyncio.Event = field(default_factory=asyncio.Event)
-    abandoned: bool = False  # the client went away: stop at the next chance
-
-    @property
-    def max_tokens(self) -> int:
-        return int(self.sampling["max_tokens"])
-
-    @property
-    def remaining(self) -> int:
-        return self.max_tokens - len(self.generated)
-
-    def rid(self) -> str:
-        """The engine-side id of the current attempt: one request, named exactly."""
-        return f"{self.traj.traj_id}-{self.index}-{self.attempt}-{self.seq}"
-
-    def attempt_sampling(self) -> dict[str, Any]:
-        """The current attempt's parameters: only the tokens still missing."""
-        params = dict(self.sampling)
-        params["max_tokens"] = self.remaining
-        if "min_tokens" in params:
-            params["min_tokens"] = max(0, int(params["min_tokens"]) - len(self.generated))
-        return params
+        """Tokens in the longest prompt of its turns in flight (else its context so far)."""
+        if not self.active:
+            return self.context
+        return max(len(t.prompt) for t in self.active.values())
 
 
 @dataclass(eq=False)
@@ -133,6 +74,7 @@ class EngineState:
     model: str
     running: dict[int, Turn] = field(default_factory=dict)  # by turn seq
     waiting: SortedList = field(default_factory=lambda: SortedList(key=lambda t: (t.key, t.seq)))
+    labels: dict[str, str] = field(default_factory=dict)  # the gateway's worker labels
     alive: bool = True
     draining: bool = False
     failures: int = 0  # health checks failed in a row
