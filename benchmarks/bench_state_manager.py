@@ -8,7 +8,8 @@ state (bf16 weights and fp32 optimizer) off its devices to host, back, and throu
 the deployment's ranks (one thread and connection each): the ranks export their memory (CUDA
 IPC on a GPU, shared memory on the CPU) and the sidecar does the copies; it also prints where
 the sidecar's time went (mapping the exports, the move, letting the mappings go, waiting for
-copies in flight) next to each call's time as a rank sees it.
+copies in flight) next to each call's time as a rank sees it. The first `--warmup` rounds
+(pinning host memory, mapping exports the first time) are not counted.
 
 `--chunk-mb` and `--streams` set how copies are pipelined (`loom.state.copy`: chunks on several
 CUDA streams); `--streams 0` copies each tensor whole, one at a time. Unset, the defaults hold.
@@ -42,6 +43,7 @@ def main() -> None:
     ap.add_argument("--mb", type=int, default=512, help="unique state bytes (MiB)")
     ap.add_argument("--dp", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1, help="rounds first, not counted")
     ap.add_argument("--via", choices=("process", "sidecar"), default="process")
     ap.add_argument("--tiers", default="host,disk", help="offload to these, in turn")
     ap.add_argument("--chunk-mb", type=float, default=None, help="copy chunk (MiB)")
@@ -84,7 +86,9 @@ def main() -> None:
         for rank in range(args.dp):
             sm.register("job", rank, rank, tensors)
         rows: dict[str, list[float]] = {f"{d}{t.value}": [] for t in tiers for d in DIRS}
-        for _ in range(args.repeats):
+        for i in range(args.warmup + args.repeats):
+            if i == args.warmup:
+                rows = {k: [] for k in rows}
             for tier in tiers:
                 name = tier.value
                 t0 = time.perf_counter()
@@ -181,7 +185,10 @@ def sidecar(
             return after
 
         st = watch.call("stats")
-        for _ in range(args.repeats):
+        for i in range(args.warmup + args.repeats):
+            if i == args.warmup:
+                rows = {k: [] for k in rows}
+                parts = {k: {} for k in rows}
             for tier in tiers:
                 t = tier.value
                 t0 = time.perf_counter()

@@ -179,8 +179,9 @@ def test_a_sidecar_offloads_and_loads_in_many_chunks_bit_for_bit(
     assert copies["chunks"] > 4 * copies["copies"]  # cut into chunks, in the sidecar
     if pin is False:
         assert not st["pinned_host"] and copies["staged_chunks"] > 0
-    elif device == "cuda":
-        assert st["pinned_host"] and copies["staged_chunks"] == 0
+    elif device == "cuda":  # through pinned host memory; staged only from disk (pageable)
+        per_rank = sum(len(chunk_spans(t.numel() * t.element_size(), 1000)) for t in s.values())
+        assert st["pinned_host"] and copies["staged_chunks"] == 2 * per_rank
     t = st["timings"]
     assert t["offload"]["calls"] == 3 and t["load"]["calls"] == 3
     assert all(row["map_s"] <= row["total_s"] for row in t.values())
@@ -230,3 +231,51 @@ def test_a_copy_waits_for_work_queued_before_it_on_the_current_stream() -> None:
     copier.copy(dst, src)
     copier.sync()
     assert bool((dst == 3.0).all())
+
+
+def test_the_sidecars_mapper_holds_no_mapping_and_lets_go_of_the_old_one_when_remapped() -> None:
+    """Each export maps on first use; what the mapper was asked to hold goes once the new
+    mapping is made; mappings nobody uses are made (and let go) by `finish`."""
+    import weakref
+
+    from loom.state.sidecar import _Mapper, export_tensors
+
+    s = state(3, n=2)
+    exports, cleanup = export_tensors(s)
+    try:
+        mapper = _Mapper()
+        old = torch.zeros(1)
+        gone = weakref.ref(old)
+        views = {
+            k: mapper(e, hold=old if i == 0 else None) for i, (k, e) in enumerate(exports.items())
+        }
+        del old
+        first, *rest = views.values()
+        assert gone() is not None and not first.resolved  # held until the new mapping is made
+        assert torch.equal(first.resolve(), s[next(iter(views))])
+        assert gone() is None
+        made = weakref.ref(first.resolve())
+        del first, views
+        assert made() is None  # the mapper kept nothing of it
+        mapper.finish()
+        assert all(d.resolved for d in rest)
+        with pytest.raises(Exception, match="unknown export kind"):
+            mapper(("tcp", 1))
+    finally:
+        cleanup()
+
+
+@cuda
+def test_a_copy_lets_go_of_its_tensors_once_done() -> None:
+    import weakref
+
+    copier = Copier(chunk_bytes=1 << 20, streams=2)
+    src = torch.randn(3 << 20, device="cuda")
+    want = src.cpu()
+    dst = torch.empty(src.shape, pin_memory=True)
+    gone = weakref.ref(src)
+    copier.copy(dst, src)
+    del src
+    assert gone() is not None  # in flight: the copier holds it
+    copier.sync()
+    assert gone() is None and torch.equal(dst, want)

@@ -15,8 +15,11 @@ synchronously, as `Tensor.copy_` does.
 
 The rules a caller keeps: a copy is complete only once `sync` has returned; until then neither
 tensor may be written, read for its new contents, or freed (the copier holds a reference to
-both, so dropping yours is safe). A copy is ordered after the work already enqueued on the
-device's current stream when it is issued (a CUDA IPC mapping waits there for its producer).
+both, so dropping yours is safe). `sync` lets go of each copy's tensors as soon as that copy is
+done, while later ones still run: where that is the last reference (a worker's memory mapped by
+the sidecar), its release overlaps the remaining copies. A copy is ordered after the work
+already enqueued on the device's current stream when it is issued (a CUDA IPC mapping waits
+there for its producer).
 """
 
 from __future__ import annotations
@@ -110,7 +113,7 @@ class Copier:
         self._lanes: dict[Any, _Lane] = {}
         self._slots: list[_Slot] = []
         self._slot = 0
-        self._held: list[tuple[Any, Any]] = []
+        self._held: list[tuple[Any, Any, list[Any]]] = []  # (dst, src, events marking its end)
         self.epoch = 0  # how many times copies in flight were waited for
 
     @property
@@ -154,6 +157,11 @@ class Copier:
             return
         t0 = time.perf_counter()
         try:
+            while self._held:  # in issue order: each copy's tensors go once it is done
+                _, _, events = self._held[0]
+                for e in events:
+                    e.synchronize()
+                del self._held[0]
             for slot in self._slots:
                 slot.finish()
             for lane in self._lanes.values():
@@ -186,15 +194,33 @@ class Copier:
         ready.record(torch.cuda.current_stream(device))
         for s in lane.streams:
             s.wait_event(ready)
-        self._held.append((dst, src))
+        used: dict[int, Any] = {}
+        self._held.append((dst, src, []))
+        try:
+            self._issue(dst, src, n, lane, used)
+        finally:  # (also after a failure: what was issued is waited for)
+            for stream in used.values():
+                done = torch.cuda.Event()
+                done.record(stream)
+                self._held[-1][2].append(done)
+
+    def _issue(self, dst: Any, src: Any, n: int, lane: _Lane, used: dict[int, Any]) -> None:
+        import torch
+
         c = self.counters
+
+        def next_stream() -> Any:
+            s = lane.stream()
+            used[id(s)] = s
+            return s
+
         if dst.is_cuda and src.is_cuda:
-            with torch.cuda.stream(lane.stream()):
+            with torch.cuda.stream(next_stream()):
                 dst.copy_(src, non_blocking=True)
             c.chunks += 1
             return
         if not (dst.is_contiguous() and src.is_contiguous()):  # rare: whole, and waited for
-            with torch.cuda.stream(lane.stream()):
+            with torch.cuda.stream(next_stream()):
                 dst.copy_(src)
             c.chunks += 1
             return
@@ -202,7 +228,7 @@ class Copier:
         d, s = _bytes(dst), _bytes(src)
         pinned = host.is_pinned()
         for lo, hi in chunk_spans(n, self.chunk_bytes):
-            stream = lane.stream()
+            stream = next_stream()
             c.chunks += 1
             if pinned:
                 with torch.cuda.stream(stream):

@@ -192,6 +192,13 @@ def export_tensors(
     for k, t in tensors.items():
         if t.is_cuda:
             out[k] = ("cuda", reduce_tensor(t.detach()), tuple(t.shape), t.dtype)
+    if out:
+        import torch
+
+        # what the sidecar copies is the memory as it is once queued work is done: a mapping it
+        # reuses does not wait for this process's streams
+        for device in {t.device for t in tensors.values() if t.is_cuda}:
+            torch.cuda.current_stream(device).synchronize()
     if not cpu:
         return out, lambda: None
     block = _ShmBlock([nbytes(tensors[k]) for k in cpu])
@@ -231,16 +238,16 @@ class _Mapper:
     """The sidecar's side of the exports of one call: each export becomes a `Deferred` tensor,
     mapped when a copy first needs it (each shared-memory file once). Every export is mapped
     by the end of the call (`finish`), used or not: a CUDA export's producer keeps its memory
-    until the mapping is made and dropped. `keep` holds tensors until the call ends (mappings
-    of the same memory made earlier: a new mapping of it then reuses theirs)."""
+    until the mapping is made and dropped. The mapper holds no mapping it made: each goes as
+    soon as the StateManager and the copies are done with it. `hold`: a mapping of the same
+    memory made earlier, kept until this one is made (which then reuses it)."""
 
     def __init__(self) -> None:
         self._files: dict[str, Any] = {}
-        self._made: list[Deferred] = []
-        self._kept: list[Any] = []
+        self._pending: dict[int, Deferred] = {}  # not mapped yet
         self.map_s = 0.0
 
-    def __call__(self, export: Any) -> Deferred:
+    def __call__(self, export: Any, hold: Any = None) -> Deferred:
         import torch
 
         if not isinstance(export, tuple) or not export:
@@ -257,15 +264,19 @@ class _Mapper:
         if not isinstance(dtype, torch.dtype) or not all(isinstance(d, int) for d in shape):
             raise StateError(f"a malformed {kind} export: shape {shape!r}, dtype {dtype!r}")
 
+        held = [hold]
+
         def timed() -> Any:
             t0 = time.perf_counter()
             try:
                 return make()
             finally:
+                self._pending.pop(id(d), None)
+                held.clear()
                 self.map_s += time.perf_counter() - t0
 
         d = Deferred(tuple(shape), dtype, timed)
-        self._made.append(d)
+        self._pending[id(d)] = d
         return d
 
     def _shm(self, path: str, offset: int, shape: tuple[int, ...], dtype: Any) -> Any:
@@ -283,13 +294,12 @@ class _Mapper:
         n = _numel(shape) * torch.empty((), dtype=dtype).element_size()
         return buf[offset : offset + n].view(dtype).view(shape)
 
-    def keep(self, tensors: Any) -> None:
-        self._kept.extend(tensors)
-
     def finish(self) -> None:
-        """Map every export not mapped yet; the first failure is raised after the rest."""
+        """Map every export not mapped yet (what nothing holds goes again at once); the first
+        failure is raised after the rest."""
         error: BaseException | None = None
-        for d in self._made:
+        while self._pending:
+            _, d = self._pending.popitem()
             try:
                 d.resolve()
             except Exception as exc:
@@ -298,9 +308,8 @@ class _Mapper:
             raise error
 
     def forget(self) -> None:
-        """Let go of this call's mappings (those the StateManager holds stay)."""
-        self._made.clear()
-        self._kept.clear()
+        """Let go of this call's shared-memory files (mappings the StateManager holds stay)."""
+        self._pending.clear()
         self._files.clear()
 
 
@@ -457,10 +466,12 @@ class _Server:
             req = items[rank]
             dep = req["dep"]
             # what the rank holds: a worker re-exports the memory it was loaded into, and
-            # mapping that while these live reuses their mappings
+            # mapping that while the old mapping lives reuses it
+            held: dict[StateKey, Any] = {}
             with contextlib.suppress(ConfigError, NotResident, KeyError):
-                mapper.keep(self.sm.tensors(dep, rank).values())
-            views = {k: mapper(e) for k, e in req["exports"].items()}
+                held = self.sm.tensors(dep, rank)
+            views = {k: mapper(e, hold=held.get(k)) for k, e in req["exports"].items()}
+            del held
             self.sm.bind(dep, rank, int(req["gpu"]), views)
         meta = items[min(items)].get("meta")
         if meta:
