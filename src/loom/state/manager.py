@@ -21,17 +21,24 @@ A plain object driven by its owner — the node's sidecar daemon (`loom.state.si
 test: no threads, no clock (`use` takes a logical time). In the sidecar the device tier is
 *external*: it holds mappings of the workers' own GPU memory (CUDA IPC; shared memory on a CPU
 node), bound by `bind` before an offload and filled through `expect` on a load.
+
+Copies between the tiers run through one `Copier` (`loom.state.copy`): chunks of
+`copy_chunk_bytes` on `copy_streams` CUDA streams, issued without waiting; every call that moves
+state waits for its copies before it returns, so a returned call still means the state is where
+it was asked to be.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from loom.core.errors import ConfigError
+from loom.state.copy import DEFAULT_CHUNK_BYTES, DEFAULT_STREAMS, Copier
 from loom.state.tiers import DeviceTier, DiskTier, HostTier, Tier, TierFull, TierStore, nbytes
 from loom.state.weights.params import ParamSpec
 from loom.state.weights.shards import Box, shard_box
@@ -87,13 +94,17 @@ class StateManager:
         pin_host: bool | None = None,
         verify_replicas: bool = False,
         external_device: bool = False,
+        copy_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        copy_streams: int = DEFAULT_STREAMS,
     ) -> None:
         if gpus < 1:
             raise ConfigError(f"a node needs >= 1 GPU (or CPU device tier), got {gpus}")
+        self.copier = Copier(copy_chunk_bytes, copy_streams)
         self.devices = [
-            DeviceTier(device_bytes, device, external=external_device) for _ in range(gpus)
+            DeviceTier(device_bytes, device, external=external_device, copier=self.copier)
+            for _ in range(gpus)
         ]
-        self.host = HostTier(host_bytes, pin_host)
+        self.host = HostTier(host_bytes, pin_host, copier=self.copier)
         self.disk = DiskTier(disk_bytes, disk_dir)
         self.verify_replicas = verify_replicas
         self._deps: dict[str, _Deployment] = {}
@@ -120,10 +131,11 @@ class StateManager:
             raise ConfigError(f"{deployment} is offloaded: load it before adding ranks")
         dev = self.devices[gpu]
         need = sum(nbytes(t) for t in tensors.values())
-        self._make_room(dev, need, keep=deployment)
-        for key, t in tensors.items():
-            dev.put((deployment, rank, key), t)
-            self._shape[key] = tuple(t.shape)
+        with self._copies():
+            self._make_room(dev, need, keep=deployment)
+            for key, t in tensors.items():
+                dev.put((deployment, rank, key), t)
+                self._shape[key] = tuple(t.shape)
         dep.ranks[rank] = gpu
         dep.keys[rank] = list(tensors)
         dep.loaded = True
@@ -215,6 +227,11 @@ class StateManager:
             return 0
         if to == Tier.DEVICE:
             raise ConfigError("offload goes to host or disk")
+        with self._copies():
+            return self._offload(dep, to)
+
+    def _offload(self, dep: _Deployment, to: Tier) -> int:
+        deployment = dep.name
         written = 0
         done: dict[StateKey, Any] = {}
         try:
@@ -247,6 +264,11 @@ class StateManager:
         dep = self._dep(deployment)
         if dep.loaded:
             return 0
+        with self._copies():
+            return self._load(dep)
+
+    def _load(self, dep: _Deployment) -> int:
+        deployment = dep.name
         for rank, gpu in dep.ranks.items():
             need = sum(self._size(k) for k in dep.keys[rank])
             self._make_room(self.devices[gpu], need, keep=deployment)
@@ -259,6 +281,7 @@ class StateManager:
                 self.devices[gpu].put((deployment, rank, key), t)
                 self._count(f"{tier.value}->device", nbytes(t))
                 read += nbytes(t)
+        self.copier.sync()  # the offloaded copies go next: nothing may still read them
         for key in {k for ks in dep.keys.values() for k in ks}:
             if not self._shared(key, deployment):
                 self._store(self._home.pop(key)).delete(key)
@@ -271,6 +294,11 @@ class StateManager:
         dep = self._dep(deployment)
         if dep.loaded:
             return 0
+        with self._copies():
+            return self._prefetch(dep)
+
+    def _prefetch(self, dep: _Deployment) -> int:
+        deployment = dep.name
         moved = 0
         for key in sorted({k for ks in dep.keys.values() for k in ks}):
             if self._home.get(key) != Tier.DISK:
@@ -410,11 +438,12 @@ class StateManager:
             raise ConfigError(f"{deployment}: migrated without {missing[:3]}")
         stored, added = 0, []
         try:
-            for key in sorted(tensors):
-                if key not in self._home:
-                    stored += self._home_put(key, tensors[key], Tier.HOST, keep=deployment)
-                    self._shape[key] = tuple(tensors[key].shape)
-                    added.append(key)
+            with self._copies():
+                for key in sorted(tensors):
+                    if key not in self._home:
+                        stored += self._home_put(key, tensors[key], Tier.HOST, keep=deployment)
+                        self._shape[key] = tuple(tensors[key].shape)
+                        added.append(key)
         except BaseException:  # nothing half-adopted: no key here that nobody owns
             for key in added:
                 self._store(self._home.pop(key)).delete(key)
@@ -457,6 +486,14 @@ class StateManager:
         return StateStats(by_tier, unique, dict(self.moved))
 
     # ---- internals ---------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _copies(self) -> Iterator[None]:
+        """Whatever happens inside, the copies issued there are complete on leaving."""
+        try:
+            yield
+        finally:
+            self.copier.sync()
+
     def _dep(self, name: str) -> _Deployment:
         dep = self._deps.get(name)
         if dep is None:

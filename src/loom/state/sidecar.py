@@ -11,7 +11,9 @@ migration between nodes, optionally TCP):
   answers only when the copy is done, so a returned call means the state is where it was asked
   to be. An offload or load is collective over a deployment's ranks on the node: the sidecar
   waits for every rank's export, then moves each logical key once (data-parallel replicas are
-  stored once) and answers them all.
+  stored once) and answers them all. The copies are pipelined (`loom.state.copy`: chunks on
+  several CUDA streams), and each export is mapped only when its copy is issued, so that
+  mapping one tensor overlaps the copies of those before it.
 * **Control plane.** The scheduler's plan (`plan`: eviction reads it), `prefetch` before a
   predicted switch, `stats`, checkpoints materialised from managed state (offloaded or not),
   rollout shards for another tensor-parallel layout (`materialize`), and `mirror`: a
@@ -49,8 +51,9 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from loom.core.errors import ConfigError
-from loom.state.manager import StateKey, StateManager
-from loom.state.tiers import Tier, nbytes
+from loom.state.copy import DEFAULT_CHUNK_BYTES, DEFAULT_STREAMS
+from loom.state.manager import NotResident, StateKey, StateManager
+from loom.state.tiers import Deferred, Tier, nbytes
 
 __all__ = ["Loaded", "SidecarConfig", "StateClient", "StateError", "StateSidecar", "serve"]
 
@@ -85,12 +88,17 @@ class SidecarConfig:
     tcp_host: str | None = None  # also listen on TCP (host, a free port): peers migrate here
     collective_timeout_s: float = 120.0
     start_timeout_s: float = 60.0
+    # copies in chunks of this many bytes on this many CUDA streams; 0: whole and one at a time
+    copy_chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    copy_streams: int = DEFAULT_STREAMS
 
     def __post_init__(self) -> None:
         if self.gpus < 1:
             raise ConfigError(f"a sidecar needs gpus >= 1, got {self.gpus}")
         if min(self.device_bytes or 0, self.host_bytes, self.disk_bytes) < 0:
             raise ConfigError("tier capacities must be >= 0 bytes")
+        if self.copy_chunk_bytes < 0 or self.copy_streams < 0:
+            raise ConfigError("copy_chunk_bytes and copy_streams must be >= 0")
 
 
 # ---- framing -------------------------------------------------------------------------------
@@ -183,7 +191,14 @@ def export_tensors(
     cpu = [k for k, t in tensors.items() if not t.is_cuda]
     for k, t in tensors.items():
         if t.is_cuda:
-            out[k] = ("cuda", reduce_tensor(t.detach()))
+            out[k] = ("cuda", reduce_tensor(t.detach()), tuple(t.shape), t.dtype)
+    if out:
+        import torch
+
+        # what the sidecar copies is the memory as it is once queued work is done: a mapping it
+        # reuses does not wait for this process's streams
+        for device in {t.device for t in tensors.values() if t.is_cuda}:
+            torch.cuda.current_stream(device).synchronize()
     if not cpu:
         return out, lambda: None
     block = _ShmBlock([nbytes(tensors[k]) for k in cpu])
@@ -205,7 +220,10 @@ def alloc_targets(
     keys = sorted(metas)
     if device != "cpu":
         views = {k: torch.empty(metas[k][0], dtype=metas[k][1], device=device) for k in keys}
-        return views, {k: ("cuda", reduce_tensor(v)) for k, v in views.items()}, lambda: None
+        cuda: dict[StateKey, Any] = {
+            k: ("cuda", reduce_tensor(v), tuple(v.shape), v.dtype) for k, v in views.items()
+        }
+        return views, cuda, lambda: None
     sizes = [_numel(metas[k][0]) * torch.empty((), dtype=metas[k][1]).element_size() for k in keys]
     block = _ShmBlock(sizes)
     views, exports = {}, {}
@@ -217,32 +235,82 @@ def alloc_targets(
 
 
 class _Mapper:
-    """The sidecar's side of the exports of one call (each shared-memory file mapped once)."""
+    """The sidecar's side of the exports of one call: each export becomes a `Deferred` tensor,
+    mapped when a copy first needs it (each shared-memory file once). Every export is mapped
+    by the end of the call (`finish`), used or not: a CUDA export's producer keeps its memory
+    until the mapping is made and dropped. The mapper holds no mapping it made: each goes as
+    soon as the StateManager and the copies are done with it. `hold`: a mapping of the same
+    memory made earlier, kept until this one is made (which then reuses it)."""
 
     def __init__(self) -> None:
         self._files: dict[str, Any] = {}
+        self._pending: dict[int, Deferred] = {}  # not mapped yet
+        self.map_s = 0.0
 
-    def __call__(self, export: Any) -> Any:
+    def __call__(self, export: Any, hold: Any = None) -> Deferred:
         import torch
 
+        if not isinstance(export, tuple) or not export:
+            raise StateError(f"a malformed export: {type(export).__name__}")
         kind = export[0]
-        if kind == "cuda":
-            rebuild, args = export[1]
-            return rebuild(*args)
-        if kind == "shm":
+        if kind == "cuda" and len(export) == 4:
+            _, (rebuild, args), shape, dtype = export
+            make = lambda: rebuild(*args)  # noqa: E731
+        elif kind == "shm" and len(export) == 5:
             _, path, offset, shape, dtype = export
-            buf = self._files.get(path)
-            if buf is None:
-                if not os.path.basename(path).startswith("loom-state-"):
-                    raise StateError(f"{path} is not a state export")
-                size = os.path.getsize(path)
-                buf = torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
-                self._files[path] = buf
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)  # mapped on both sides: nothing is left if a worker dies
-            n = _numel(shape) * torch.empty((), dtype=dtype).element_size()
-            return buf[offset : offset + n].view(dtype).view(shape)
-        raise StateError(f"unknown export kind {kind!r}")
+            make = lambda: self._shm(path, offset, shape, dtype)  # noqa: E731
+        else:
+            raise StateError(f"unknown export kind {kind!r} ({len(export)} fields)")
+        if not isinstance(dtype, torch.dtype) or not all(isinstance(d, int) for d in shape):
+            raise StateError(f"a malformed {kind} export: shape {shape!r}, dtype {dtype!r}")
+
+        held = [hold]
+
+        def timed() -> Any:
+            t0 = time.perf_counter()
+            try:
+                return make()
+            finally:
+                self._pending.pop(id(d), None)
+                held.clear()
+                self.map_s += time.perf_counter() - t0
+
+        d = Deferred(tuple(shape), dtype, timed)
+        self._pending[id(d)] = d
+        return d
+
+    def _shm(self, path: str, offset: int, shape: tuple[int, ...], dtype: Any) -> Any:
+        import torch
+
+        buf = self._files.get(path)
+        if buf is None:
+            if not os.path.basename(path).startswith("loom-state-"):
+                raise StateError(f"{path} is not a state export")
+            size = os.path.getsize(path)
+            buf = torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
+            self._files[path] = buf
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)  # mapped on both sides: nothing is left if a worker dies
+        n = _numel(shape) * torch.empty((), dtype=dtype).element_size()
+        return buf[offset : offset + n].view(dtype).view(shape)
+
+    def finish(self) -> None:
+        """Map every export not mapped yet (what nothing holds goes again at once); the first
+        failure is raised after the rest."""
+        error: BaseException | None = None
+        while self._pending:
+            _, d = self._pending.popitem()
+            try:
+                d.resolve()
+            except Exception as exc:
+                error = error or exc
+        if error is not None:
+            raise error
+
+    def forget(self) -> None:
+        """Let go of this call's shared-memory files (mappings the StateManager holds stay)."""
+        self._pending.clear()
+        self._files.clear()
 
 
 # ---- the daemon ------------------------------------------------------------------------------
@@ -263,6 +331,8 @@ class _Server:
         self._gathers: dict[tuple[str, str], _Gather] = {}
         self._stop = asyncio.Event()
         self.tcp_address: str | None = None
+        # per data-plane call: seconds mapping exports, moving, letting mappings go, in all
+        self.timings: dict[str, dict[str, float]] = {}
 
     # ---- connections ----------------------------------------------------------------------
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -366,43 +436,76 @@ class _Server:
         return replies[rank]
 
     # ---- data plane (on the one data-plane thread) -----------------------------------------
-    def _bind_all(self, items: dict[int, dict[str, Any]]) -> None:
+    @contextlib.contextmanager
+    def _mapping(self, op: str) -> Any:
+        """A call's exports, each mapped by the end of the call; its timings counted."""
         mapper = _Mapper()
+        t0 = time.perf_counter()
+        try:
+            yield mapper
+            mapper.finish()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                mapper.finish()  # (its producers wait for these mappings) the first error wins
+            raise
+        finally:
+            t1 = time.perf_counter()
+            mapper.forget()
+            t2 = time.perf_counter()
+            row = self.timings.setdefault(op, {})
+            for name, v in (
+                ("calls", 1.0),
+                ("map_s", mapper.map_s),
+                ("release_s", t2 - t1),
+                ("total_s", t2 - t0),
+            ):
+                row[name] = row.get(name, 0.0) + v
+
+    def _bind_all(self, items: dict[int, dict[str, Any]], mapper: _Mapper) -> None:
         for rank in sorted(items):
             req = items[rank]
-            views = {k: mapper(e) for k, e in req["exports"].items()}
-            self.sm.bind(req["dep"], rank, int(req["gpu"]), views)
+            dep = req["dep"]
+            # what the rank holds: a worker re-exports the memory it was loaded into, and
+            # mapping that while the old mapping lives reuses it
+            held: dict[StateKey, Any] = {}
+            with contextlib.suppress(ConfigError, NotResident, KeyError):
+                held = self.sm.tensors(dep, rank)
+            views = {k: mapper(e, hold=held.get(k)) for k, e in req["exports"].items()}
+            del held
+            self.sm.bind(dep, rank, int(req["gpu"]), views)
         meta = items[min(items)].get("meta")
         if meta:
             self.sm.meta(items[min(items)]["dep"]).update(meta)
 
     def _bind(self, items: dict[int, dict[str, Any]]) -> dict[int, Any]:
-        self._bind_all(items)
+        with self._mapping("bind") as mapper:
+            self._bind_all(items, mapper)
         return {r: True for r in items}
 
     def _offload(self, items: dict[int, dict[str, Any]]) -> dict[int, Any]:
-        self._bind_all(items)
-        first = items[min(items)]
-        self.sm.use(first["dep"], time.monotonic())  # LRU, where no plan says otherwise
-        written = self.sm.offload(first["dep"], Tier(first.get("tier", "host")))
-        self._sync()
+        with self._mapping("offload") as mapper:
+            self._bind_all(items, mapper)
+            first = items[min(items)]
+            self.sm.use(first["dep"], time.monotonic())  # LRU, where no plan says otherwise
+            written = self.sm.offload(first["dep"], Tier(first.get("tier", "host")))
+            self._sync()
         return {r: {"bytes": written if r == min(items) else 0} for r in items}
 
     def _load(self, items: dict[int, dict[str, Any]]) -> dict[int, Any]:
-        mapper = _Mapper()
         dep = items[min(items)]["dep"]
         if self.sm.is_loaded(dep):
             raise StateError(f"{dep} is loaded here already: its ranks and the sidecar disagree")
-        try:
-            for rank in sorted(items):
-                targets = {k: mapper(e) for k, e in items[rank]["exports"].items()}
-                self.sm.expect(dep, rank, targets)
-            self.sm.use(dep, time.monotonic())
-            read = self.sm.load(dep)
-        finally:
-            for dev in self.sm.devices:
-                dev.clear_expected()
-        self._sync()
+        with self._mapping("load") as mapper:
+            try:
+                for rank in sorted(items):
+                    targets = {k: mapper(e) for k, e in items[rank]["exports"].items()}
+                    self.sm.expect(dep, rank, targets)
+                self.sm.use(dep, time.monotonic())
+                read = self.sm.load(dep)
+            finally:
+                for dev in self.sm.devices:
+                    dev.clear_expected()
+            self._sync()
         meta = dict(self.sm.meta(dep))
         return {r: {"bytes": read if r == min(items) else 0, "meta": meta} for r in items}
 
@@ -426,6 +529,8 @@ class _Server:
             },
             "pinned_host": self.sm.host.pinned,
             "direct_io": self.sm.disk.direct_io,
+            "copy": asdict(self.sm.copier.counters),
+            "timings": {op: dict(row) for op, row in self.timings.items()},
             "plan": list(self.sm._plan),
             "deployments": self.sm.deployments(),
         }
@@ -487,6 +592,8 @@ def serve(address: str, cfg: SidecarConfig, token: bytes) -> None:
         device=cfg.device,
         pin_host=cfg.pin_host,
         external_device=True,
+        copy_chunk_bytes=cfg.copy_chunk_bytes,
+        copy_streams=cfg.copy_streams,
     )
     server = _Server(sm, token, cfg, address)
 

@@ -7,6 +7,10 @@ is refused (`TierFull`), never silently spilled — the StateManager decides wha
 The disk tier writes with O_DIRECT from page-aligned buffers where the filesystem allows it and
 falls back to buffered writes with fsync where it does not (tmpfs, some overlay filesystems),
 and says which it used (`direct_io`).
+
+Copies into the host tier and into workers' buffers go through a `Copier` (`loom.state.copy`):
+chunked and asynchronous on CUDA streams when the StateManager passes its own, complete once
+its `sync` returns; the host tier waits for that before a buffer is read, moved or reused.
 """
 
 from __future__ import annotations
@@ -14,15 +18,16 @@ from __future__ import annotations
 import errno
 import mmap
 import os
-from collections.abc import Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from loom.core.errors import ConfigError
+from loom.state.copy import Copier
 
-__all__ = ["DeviceTier", "DiskTier", "HostTier", "Tier", "TierFull", "TierStore"]
+__all__ = ["Deferred", "DeviceTier", "DiskTier", "HostTier", "Tier", "TierFull", "TierStore"]
 
 ALIGN = 4096  # O_DIRECT needs block-aligned offsets, lengths and buffers
 
@@ -53,6 +58,49 @@ def _torch() -> Any:
 
 def nbytes(t: Any) -> int:
     return int(t.numel() * t.element_size())
+
+
+class Deferred:
+    """A tensor of known shape and dtype that is made on first use (`resolve`): a worker's
+    exported memory, which the sidecar maps only when a copy needs it, so that mapping one
+    tensor overlaps the copies of those before it."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: Any, make: Callable[[], Any]) -> None:
+        self.shape, self.dtype = tuple(shape), dtype
+        self._make: Callable[[], Any] | None = make
+        self._tensor: Any = None
+
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    def element_size(self) -> int:
+        return int(_torch().empty((), dtype=self.dtype).element_size())
+
+    @property
+    def resolved(self) -> bool:
+        return self._make is None
+
+    def resolve(self) -> Any:
+        if self._make is not None:
+            t = self._make()
+            if tuple(t.shape) != self.shape or t.dtype != self.dtype:
+                raise ConfigError(
+                    f"a tensor said to be {self.shape} {self.dtype} is {tuple(t.shape)} {t.dtype}"
+                )
+            self._tensor, self._make = t, None
+        return self._tensor
+
+    def release(self) -> None:
+        """Drop the tensor made (its memory mapping goes once nothing else holds it)."""
+        self._tensor = None
+
+
+def resolve(t: Any) -> Any:
+    """A tensor, made now if it is `Deferred`."""
+    return t.resolve() if isinstance(t, Deferred) else t
 
 
 @dataclass
@@ -136,19 +184,27 @@ class DeviceTier(_MemoryTier):
     """The accelerator's memory; a CPU tier of the same capacity where there is none.
 
     `external`: the memory belongs to worker processes, not to the tier's owner (the node's
-    sidecar, §5.3): a put keeps the caller's tensor — a mapping of the worker's memory — as it
-    is, or copies into the buffer the worker exported for that key (`expect`), which is how
-    state is loaded into a worker's memory."""
+    sidecar, §5.3): a put keeps the caller's tensor — a mapping of the worker's memory, maybe
+    `Deferred` until a `get` needs it — as it is, or copies into the buffer the worker exported
+    for that key (`expect`), which is how state is loaded into a worker's memory."""
 
     tier = Tier.DEVICE
 
-    def __init__(self, capacity: int, device: str | None = None, *, external: bool = False) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        device: str | None = None,
+        *,
+        external: bool = False,
+        copier: Copier | None = None,
+    ) -> None:
         super().__init__(capacity)
         torch = _torch()
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
         self.external = external
+        self.copier = copier or Copier(0, 0)
         self._targets: dict[Hashable, Any] = {}
 
     def expect(self, key: Hashable, target: Any) -> None:
@@ -174,14 +230,23 @@ class DeviceTier(_MemoryTier):
                     f"{key!r}: the worker's buffer is {tuple(target.shape)} {target.dtype}, "
                     f"the state is {tuple(t.shape)} {t.dtype}"
                 )
-            target.copy_(t)
+            try:
+                target = resolve(target)
+                self.copier.copy(target, resolve(t))
+            except BaseException:
+                self._release(key)
+                raise
             self._data[key] = target
         elif self.external:
             self._data[key] = t  # a mapping of the worker's own memory
-        elif t.device == self.device:
-            self._data[key] = t.clone()  # the tier owns its copy: the caller may reuse its buffer
-        else:
-            self._data[key] = t.to(self.device, non_blocking=False)
+        else:  # the tier owns its copy: the caller may reuse its buffer
+            t = resolve(t)
+            own = _torch().empty(t.shape, dtype=t.dtype, device=self.device)
+            self.copier.copy(own, t)
+            self._data[key] = own
+
+    def get(self, key: Hashable) -> Any:
+        return resolve(self._data[key])
 
 
 class HostTier(_MemoryTier):
@@ -191,16 +256,21 @@ class HostTier(_MemoryTier):
 
     tier = Tier.HOST
 
-    def __init__(self, capacity: int, pin: bool | None = None) -> None:
+    def __init__(
+        self, capacity: int, pin: bool | None = None, copier: Copier | None = None
+    ) -> None:
         super().__init__(capacity)
         torch = _torch()
         self.pinned = torch.cuda.is_available() if pin is None else pin
+        self.copier = copier or Copier(0, 0)
         self._pool: dict[int, list[Any]] = {}
         self._pooled = 0
         self._raw: dict[Hashable, Any] = {}
+        self._filling: dict[Hashable, int] = {}  # keys put by a copy that may be in flight
 
     def put(self, key: Hashable, t: Any) -> None:
         torch = _torch()
+        t = resolve(t)
         n = nbytes(t)
         spare = self._pool.get(n)
         raw = None
@@ -221,11 +291,28 @@ class HostTier(_MemoryTier):
         if raw is None:
             raw = torch.empty(n, dtype=torch.uint8, device="cpu", pin_memory=self.pinned)
         view = raw.view(t.dtype).view(t.shape) if n else torch.empty(t.shape, dtype=t.dtype)
-        view.copy_(t)
+        try:
+            self.copier.copy(view, t)
+        except BaseException:
+            self._release(key)
+            if n and self.used + self._pooled + n <= self.capacity:
+                self._pool.setdefault(n, []).append(raw)
+                self._pooled += n
+            raise
         self._raw[key] = raw
         self._data[key] = view
+        if self.copier.pending:
+            self._filling[key] = self.copier.epoch
+
+    def get(self, key: Hashable) -> Any:
+        if self._filling.pop(key, None) == self.copier.epoch:  # a copy may still be filling it
+            self.copier.sync()
+        return super().get(key)
 
     def delete(self, key: Hashable) -> None:
+        self._filling.pop(key, None)
+        if self.copier.pending:  # its buffer goes back to the pool: no copy may still use it
+            self.copier.sync()
         super().delete(key)
         raw = self._raw.pop(key)
         n = int(raw.numel())
