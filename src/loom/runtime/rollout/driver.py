@@ -185,6 +185,7 @@ class RolloutDriver:
         self._anon = itertools.count()
         self.tokenizer: LocalTokenizer | None = None
         self._tokenizer_tried = False
+        self._probing: set[str] = set()  # engines whose health is being checked now
         self.counts = {
             "decisions": 0,
             "fallbacks": 0,  # the router named a dead or draining engine
@@ -336,6 +337,20 @@ class RolloutDriver:
             self._requeue(turn, e, failed=True)
         self.registry.forget_if_drained(e)
         self._workers_changed()
+
+    def _suspect(self, e: EngineState, reason: str) -> None:
+        """A call to `e` failed: check its health now rather than at the next round, and take
+        it out if it does not answer (a hung engine must not collect turns meanwhile)."""
+        if e.alive and e.id not in self._probing:
+            self._probing.add(e.id)
+            self._spawn(self._probe_health(e, reason))
+
+    async def _probe_health(self, e: EngineState, reason: str) -> None:
+        try:
+            if not await e.client.health(self.config.engine_call_timeout_s):
+                self.engine_down(e, f"{reason}; and its health check failed")
+        finally:
+            self._probing.discard(e.id)
 
     def engine_up(self, e: EngineState) -> None:
         if self.registry.mark_up(e):
@@ -963,6 +978,7 @@ class RolloutDriver:
                 continue
             except EngineError as exc:
                 errors.append(str(exc))
+                self._suspect(e, str(exc))
                 continue
             self.counts["engine_tokenized"] += 1
             return ids
