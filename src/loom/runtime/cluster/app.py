@@ -70,6 +70,13 @@ class ClusterConfig(BaseModel):
         description="after a rank raised, how long the others have to answer before the "
         "group is torn down",
     )
+    watch_s: float = Field(
+        default=1.0,
+        ge=0,
+        le=3600,
+        description="how often idle worker groups are checked for dead ranks (0: only when "
+        "they are next used)",
+    )
     max_restarts: int = Field(
         default=3, ge=0, le=1000, description="restarts of a deployment from its offloaded state"
     )
@@ -166,6 +173,7 @@ def create_app(config: ClusterConfig, driver: ClusterDriver | None = None) -> Fa
             ),
             recovery=RecoveryPolicy(max_restarts=config.max_restarts),
             settle_s=config.settle_s,
+            watch_s=config.watch_s,
             faults=config.faults,
         )
         yield

@@ -243,6 +243,7 @@ class ClusterDriver:
         self.ops: dict[int, OpRecord] = {}
         self._ids = itertools.count()
         self._exec: dict[tuple[str, str], float] = {}  # (deployment, op) -> seconds
+        self._measured: dict[tuple[str, str], float] = {}  # the same, from runs only
         self._switch: dict[str, float] = {}  # deployment -> offload + load seconds
         self.default_exec_s = default_exec_s
         self.default_switch_s = default_switch_s
@@ -594,8 +595,12 @@ class ClusterDriver:
         return rec
 
     def _deadline(self, dep: Deployment, kind: str, override_s: float | None) -> float:
+        """How long an operation of `kind` may run: from its measured duration once it has
+        run, else the deployment's estimate, else the service's default."""
+        key = (dep.id, kind)
         default = self.default_switch_s if kind in ("offload", "load") else self.default_exec_s
-        return self.deadlines.deadline_s(self._exec.get((dep.id, kind), default), override_s)
+        expected = self._measured.get(key, self._exec.get(key, default))
+        return self.deadlines.deadline_s(expected, override_s)
 
     def _offloaded_and_idle(self, dep: Deployment) -> bool:
         sched = self.groups[dep.group]
@@ -784,8 +789,9 @@ class ClusterDriver:
             return exc
         took = self.clock() - t0
         key = (dep.id, rec.kind)
-        old = self._exec.get(key)
-        self._exec[key] = took if old is None else EWMA * took + (1 - EWMA) * old
+        for seen in (self._exec, self._measured):
+            old = seen.get(key)
+            seen[key] = took if old is None else EWMA * took + (1 - EWMA) * old
         rec.result = result
         self._end(rec, OpStatus.SUCCEEDED)
         return None

@@ -174,6 +174,8 @@ def _say(exc: ValidationError) -> str:
         msg = str(err["msg"]).removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = "not a field of this operation"
+        elif err["type"] == "missing":
+            msg = "missing (this operation needs it)"
         parts.append(f"{where.lstrip('.') or 'payload'}: {msg}")
     more = len(exc.errors()) - 3
     return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
