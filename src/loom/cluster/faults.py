@@ -66,8 +66,8 @@ class RecoveryPolicy:
         if not state_intact:
             return Recovery(
                 RecoveryAction.FAIL,
-                f"{reason}; its state was on its ranks, not held whole by the node's "
-                "StateManager, so it is not restarted",
+                f"{reason}; its node's StateManager does not hold its state whole (a resident "
+                "deployment's state is on its ranks), so it is not restarted",
             )
         if restarts >= self.max_restarts:
             return Recovery(

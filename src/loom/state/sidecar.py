@@ -561,8 +561,12 @@ class StateClient:
             self._sock = socket.create_connection((host, int(port)), timeout=timeout_s)
         else:
             self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            self._sock.settimeout(timeout_s)
-            self._sock.connect(address)
+            try:
+                self._sock.settimeout(timeout_s)
+                self._sock.connect(address)
+            except OSError:
+                self._sock.close()
+                raise
         self._lock = threading.Lock()
         try:
             _send_frame(self._sock, token)
@@ -690,6 +694,11 @@ class StateSidecar:
     @property
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def exit_code(self) -> int | None:
+        """Its exit status once it has exited (negative: the signal that ended it)."""
+        return None if self._proc is None else self._proc.poll()
 
     def client(self, timeout_s: float | None = None) -> StateClient:
         return StateClient(self.address, self.token, timeout_s)

@@ -230,6 +230,28 @@ def test_the_watchdog_finds_a_rank_that_died_while_its_job_was_idle(tmp_path: Pa
         api.http.close()
 
 
+def test_a_dead_sidecar_fails_its_nodes_deployments_and_a_new_one_starts(tmp_path: Path) -> None:
+    """The node's StateManager sidecar is SIGKILLed: the offloaded job's state went with it and
+    no job there can move state any more; both are failed saying why, and the next deployment
+    on the group gets a new sidecar and runs."""
+    cfg = ClusterConfig(port=0, state_dir=tmp_path, watch_s=0.5)
+    with BackgroundCluster(cfg) as service:
+        api = Api(service.url)
+        resident, offloaded = api.deploy("x"), api.deploy("y")
+        api.ok(api.submit(resident, "forward", ids=BATCH))
+        sidecar = service.app.state.driver._sidecars[0]
+        os.kill(sidecar.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while {api.dep(d)["status"] for d in (resident, offloaded)} != {"failed"}:
+            assert time.monotonic() < deadline, api.http.get("/v1/stats").json()
+            time.sleep(0.1)
+        assert f"sidecar (pid {sidecar.pid}) exited (-9)" in api.dep(offloaded)["error"]
+        fresh = api.deploy("z")
+        api.ok(api.submit(fresh, "forward", ids=BATCH))
+        assert service.app.state.driver._sidecars[0].pid != sidecar.pid
+        api.http.close()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -266,6 +266,7 @@ class ClusterDriver:
         self.recovery = recovery or RecoveryPolicy()
         self.settle_s, self.watch_s, self.faults = settle_s, watch_s, faults
         self._watchdog: asyncio.Task[None] | None = None
+        self._nodes_lost: set[int] = set()  # groups whose dead sidecar is being dealt with
         self.counts = {
             "ops": 0,
             "switches": 0,
@@ -862,9 +863,14 @@ class ClusterDriver:
 
     async def _watch(self) -> None:
         """Find groups whose ranks died while no operation of theirs ran, and recover them
-        (under their group's lock, so never in the middle of another's switch)."""
+        (under their group's lock, so never in the middle of another's switch); and node
+        groups whose sidecar died, whose deployments then have no state manager."""
         while not self._closing:
             await asyncio.sleep(self.watch_s)
+            for g, sc in enumerate(self._sidecars):
+                if sc is not None and not sc.alive and g not in self._nodes_lost:
+                    self._nodes_lost.add(g)
+                    self._spawn(self._recover_node(g, sc))
             for dep in list(self.deployments.values()):
                 if dep.status is not DeploymentStatus.READY or dep.migrating or dep.deleting:
                     continue
@@ -872,6 +878,25 @@ class ClusterDriver:
                     continue
                 dep.watched = True
                 self._spawn(self._recover_dead(dep))
+
+    async def _recover_node(self, group: int, sc: StateSidecar) -> None:
+        """The node's sidecar died: the state it held is gone and its deployments' ranks can
+        move no state. They are torn down and failed; the next deployment there starts a
+        new sidecar."""
+        why = f"node group {group}'s StateManager sidecar (pid {sc.pid}) exited ({sc.exit_code})"
+        try:
+            async with self._locks[group]:
+                log.error("%s: the state it held is lost", why)
+                for dep in [d for d in self.deployments.values() if d.group == group]:
+                    if dep.status is DeploymentStatus.READY and not dep.deleting:
+                        await self._recover(dep, why)
+                async with self._node_locks[group]:
+                    if self._sidecars[group] is sc:
+                        self._sidecars[group] = None
+                        self._plans[group] = []
+                await asyncio.get_running_loop().run_in_executor(None, sc.close)
+        finally:
+            self._nodes_lost.discard(group)
 
     async def _recover_dead(self, dep: Deployment) -> None:
         try:

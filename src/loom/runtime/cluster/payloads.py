@@ -41,12 +41,12 @@ def _batch(ids: list[list[int]], info: ValidationInfo, min_len: int) -> list[lis
         raise ValueError(f"rows of {width} tokens: this operation needs at least {min_len}")
     vocab = int((info.context or {})["vocab"])
     for i, row in enumerate(ids):
-        for j, t in enumerate(row):
-            if not 0 <= t < vocab:
-                raise ValueError(
-                    f"token id {t} at row {i}, position {j} is outside the model's "
-                    f"vocabulary [0, {vocab})"
-                )
+        if row and (min(row) < 0 or max(row) >= vocab):  # (min and max: no loop in Python)
+            j, t = next((j, t) for j, t in enumerate(row) if not 0 <= t < vocab)
+            raise ValueError(
+                f"token id {t} at row {i}, position {j} is outside the model's "
+                f"vocabulary [0, {vocab})"
+            )
     return ids
 
 
