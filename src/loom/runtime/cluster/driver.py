@@ -867,17 +867,23 @@ class ClusterDriver:
         groups whose sidecar died, whose deployments then have no state manager."""
         while not self._closing:
             await asyncio.sleep(self.watch_s)
-            for g, sc in enumerate(self._sidecars):
-                if sc is not None and not sc.alive and g not in self._nodes_lost:
-                    self._nodes_lost.add(g)
-                    self._spawn(self._recover_node(g, sc))
-            for dep in list(self.deployments.values()):
-                if dep.status is not DeploymentStatus.READY or dep.migrating or dep.deleting:
-                    continue
-                if dep.watched or dep.wpg.death() is None:
-                    continue
-                dep.watched = True
-                self._spawn(self._recover_dead(dep))
+            try:
+                self._look()
+            except Exception:  # (the watch goes on whatever one look met)
+                log.exception("the cluster watchdog")
+
+    def _look(self) -> None:
+        for g, sc in enumerate(self._sidecars):
+            if sc is not None and not sc.alive and g not in self._nodes_lost:
+                self._nodes_lost.add(g)
+                self._spawn(self._recover_node(g, sc))
+        for dep in list(self.deployments.values()):
+            if dep.status is not DeploymentStatus.READY or dep.migrating or dep.deleting:
+                continue
+            if dep.watched or dep.wpg.death() is None:
+                continue
+            dep.watched = True
+            self._spawn(self._recover_dead(dep))
 
     async def _recover_node(self, group: int, sc: StateSidecar) -> None:
         """The node's sidecar died: the state it held is gone and its deployments' ranks can
