@@ -3,12 +3,14 @@ on their own connections export their memory (shared memory here, CUDA IPC on a 
 sidecar copies each logical tensor once and answers every rank; a load fills fresh buffers bit
 for bit; the scheduler's plan picks what spills; checkpoints, rollout shards and migration to
 another node's sidecar come from the managed state; a stranger's connection is dropped unread
-and a rank that never comes is reported by number."""
+and a rank that never comes is reported by number; a stopped deployment's waiting ranks are
+let go."""
 
 from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -122,6 +124,32 @@ def test_a_stranger_is_dropped_unread_and_a_missing_rank_is_named(tmp_path: Path
                 c.call("prefetch", dep="nope")
         assert sc.alive
     assert not Path("/tmp/pwned").exists()
+
+
+def test_a_stopped_deployments_waiting_ranks_are_let_go(sidecar: StateSidecar) -> None:
+    """Rank 0 of a deployment waits for rank 1, which is dead: `abandon` (the cluster service
+    killed the group) ends rank 0's call at once, and new ranks of the same name gather and
+    offload afresh."""
+    state = state_of("p", 5)
+    failed: list[BaseException] = []
+
+    def waiting() -> None:
+        try:
+            with sidecar.client(timeout_s=60) as c:
+                c.offload("p", 0, 2, 0, state)
+        except StateError as exc:
+            failed.append(exc)
+
+    t = threading.Thread(target=waiting)
+    t.start()
+    with sidecar.client(timeout_s=60) as c:
+        while c.call("abandon", dep="p") == 0:  # (until rank 0's call has arrived)
+            time.sleep(0.01)
+    t.join(30)
+    assert not t.is_alive() and "its ranks were stopped" in str(failed[0])
+    ranks(2, lambda r, c: c.offload("p", r, 2, r, state), sidecar)
+    with sidecar.client() as c:
+        assert c.call("stats")["deployments"]["p"]["loaded"] is False
 
 
 def test_the_plan_decides_what_spills_and_prefetch_brings_it_up(sidecar: StateSidecar) -> None:

@@ -97,7 +97,7 @@ class JobHandle:
         role: str = "actor",
         *,
         dp: int = 1,
-        model: str = "tiny",
+        model: str = "tiny",  # the built-in decoder: the one model a deployment runs today
         group: int | None = None,
         seed: int = 0,
         trace: dict[str, Any] | None = None,
@@ -178,8 +178,12 @@ class DeploymentHandle:
     id: str
     group: int
 
-    async def submit(self, op: str, **payload: Any) -> int:
-        body = {"op": op, "payload": payload}
+    async def submit(self, op: str, *, deadline_s: float | None = None, **payload: Any) -> int:
+        """Queue `op` with `payload`; `deadline_s`: how long it may run once started (the
+        service's default: a multiple of its measured duration, with a floor)."""
+        body: dict[str, Any] = {"op": op, "payload": payload}
+        if deadline_s is not None:
+            body["deadline_s"] = deadline_s
         op_id = int(
             _check(await self.job.client.http.post(f"/v1/deployments/{self.id}/ops", json=body))[
                 "op_id"
@@ -223,8 +227,11 @@ class DeploymentHandle:
         self.group = int(view["group"])
         return view
 
-    async def call(self, op: str, **payload: Any) -> dict[str, Any]:
-        return await self.result(await self.submit(op, **payload))
+    async def call(
+        self, op: str, *, deadline_s: float | None = None, **payload: Any
+    ) -> dict[str, Any]:
+        wait_s = 600.0 if deadline_s is None else max(600.0, deadline_s + 60.0)
+        return await self.result(await self.submit(op, deadline_s=deadline_s, **payload), wait_s)
 
 
 def phase_of(

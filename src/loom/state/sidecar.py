@@ -17,7 +17,8 @@ migration between nodes, optionally TCP):
 * **Control plane.** The scheduler's plan (`plan`: eviction reads it), `prefetch` before a
   predicted switch, `stats`, checkpoints materialised from managed state (offloaded or not),
   rollout shards for another tensor-parallel layout (`materialize`), and `mirror`: a
-  deployment's offloaded state sent to another node's sidecar, which `adopt`s it.
+  deployment's offloaded state sent to another node's sidecar, which `adopt`s it; `abandon`
+  ends the collective calls a deployment's stopped ranks left waiting (`drop` does too).
 
 Copies and every call on the StateManager run on one data-plane thread, in arrival order; the
 event loop only frames messages and gathers the ranks of a collective call.
@@ -51,6 +52,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from loom.core.errors import ConfigError
+from loom.runtime.lifeline import child_popen, watch_parent
 from loom.state.copy import DEFAULT_CHUNK_BYTES, DEFAULT_STREAMS
 from loom.state.manager import NotResident, StateKey, StateManager
 from loom.state.tiers import Deferred, Tier, nbytes
@@ -380,7 +382,10 @@ class _Server:
         if op == "prefetch":
             return await self._run(sm.prefetch, req["dep"])
         if op == "drop":
+            self._abandon(req["dep"], "it was dropped")
             return await self._run(sm.drop, req["dep"])
+        if op == "abandon":
+            return self._abandon(req["dep"], "its ranks were stopped")
         if op == "keys":
             return await self._run(sm.keys_of, req["dep"], int(req["rank"]))
         if op == "stats":
@@ -434,6 +439,18 @@ class _Server:
                 raise StateError(f"{key[1]} {op}: ranks {missing} never came") from None
         replies = await g.done
         return replies[rank]
+
+    def _abandon(self, dep: str, why: str) -> int:
+        """End the deployment's gathers still waiting for ranks (its ranks are gone: a new
+        group's ranks of the same name start gathers of their own); returns how many."""
+        gone = [k for k in self._gathers if k[1] == dep]
+        for key in gone:
+            g = self._gathers.pop(key)
+            assert g.done is not None
+            if not g.done.done():
+                g.done.set_exception(StateError(f"{dep} {key[0]}: {why}"))
+            g.full.set()
+        return len(gone)
 
     # ---- data plane (on the one data-plane thread) -----------------------------------------
     @contextlib.contextmanager
@@ -606,25 +623,35 @@ def serve(address: str, cfg: SidecarConfig, token: bytes) -> None:
             host, port = tcp.sockets[0].getsockname()[:2]
             server.tcp_address = f"tcp://{host}:{port}"
             servers.append(tcp)
+        loop = asyncio.get_running_loop()
         parent = os.getppid()
 
-        async def orphaned() -> None:  # its starter died without closing it: go too
+        def orphan() -> None:  # its starter died without closing it: go too, cleaning up
+            orphaned.set()
+            loop.call_soon_threadsafe(server._stop.set)
+
+        async def reparented() -> None:  # started by hand, not tied: watch the parent's pid
             while os.getppid() == parent:
                 await asyncio.sleep(1.0)
-            server._stop.set()
+            orphan()
 
-        watch = asyncio.create_task(orphaned())
+        watch = None if watch_parent(orphan) else asyncio.create_task(reparented())
         await server._stop.wait()
-        watch.cancel()
+        if watch is not None:
+            watch.cancel()
         for s in servers:
             s.close()
 
+    orphaned = threading.Event()
     try:
         asyncio.run(main())
     finally:
         server._plane.shutdown(wait=True)
         if not cfg.disk_dir:
             shutil.rmtree(disk, ignore_errors=True)
+        home = os.path.dirname(address)
+        if orphaned.is_set() and os.path.basename(home).startswith("loom-sidecar-"):
+            shutil.rmtree(home, ignore_errors=True)  # the socket's directory, its starter's
 
 
 # ---- the client ------------------------------------------------------------------------------
@@ -641,8 +668,12 @@ class StateClient:
             self._sock = socket.create_connection((host, int(port)), timeout=timeout_s)
         else:
             self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            self._sock.settimeout(timeout_s)
-            self._sock.connect(address)
+            try:
+                self._sock.settimeout(timeout_s)
+                self._sock.connect(address)
+            except OSError:
+                self._sock.close()
+                raise
         self._lock = threading.Lock()
         try:
             _send_frame(self._sock, token)
@@ -744,7 +775,8 @@ class StateSidecar:
         env = dict(os.environ, **{TOKEN_ENV: self.token.hex()})
         cmd = [sys.executable, "-m", "loom.state.sidecar", self.address,
                json.dumps(asdict(self.config))]  # fmt: skip
-        self._proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL)
+        tie = child_popen(env)  # if this process dies, even by SIGKILL, the sidecar goes too
+        self._proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, **tie)
         deadline = time.monotonic() + self.config.start_timeout_s
         while True:
             if self._proc.poll() is not None:
@@ -769,6 +801,11 @@ class StateSidecar:
     @property
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def exit_code(self) -> int | None:
+        """Its exit status once it has exited (negative: the signal that ended it)."""
+        return None if self._proc is None else self._proc.poll()
 
     def client(self, timeout_s: float | None = None) -> StateClient:
         return StateClient(self.address, self.token, timeout_s)

@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("torch")
 
 from loom.runtime.cluster.app import BackgroundCluster, ClusterConfig
-from loom.runtime.cluster.wpg import WorkerError, WorkerGroupConfig
+from loom.runtime.cluster.wpg import GroupBroken, RankFailed, WorkerError, WorkerGroupConfig
 
 pytestmark = [
     pytest.mark.ray,
@@ -69,6 +69,28 @@ def test_a_deployment_runs_as_ray_actors_in_one_placement_group(
         g.run("load")
         assert g.run("sync_weights")["digest"] == digest
     assert not [p for p in placement_group_table().values() if p["state"] == "CREATED"]
+
+
+def test_a_ray_rank_that_raises_fails_the_operation_without_waiting(
+    ray_cluster, tmp_path: Path
+) -> None:
+    """Rank 1 raises while rank 0 waits for it in an all-reduce: the operation fails with rank
+    1's error at once; rank 0 never settles, and the group is killed."""
+    from loom.runtime.cluster.ray_wpg import RayWorkerGroup
+
+    cfg = WorkerGroupConfig(name="ray-f", dp=2, state_dir=tmp_path, faults=True, settle_s=0.5)
+    g = RayWorkerGroup(cfg, gpus_per_rank=1.0).start()
+    try:
+        with pytest.raises(RankFailed, match="rank 1: RuntimeError: injected fault") as err:
+            g.run("inject_fault", {"rank": 1, "action": "raise"})
+        assert err.value.pending == {0}
+        assert not g.settle(0.5)
+        with pytest.raises(GroupBroken, match="never finished"):
+            g.run("sync_weights")
+        g.kill()
+        assert not g.alive
+    finally:
+        g.close()
 
 
 def test_a_deployment_the_cluster_cannot_place_is_refused_in_time(

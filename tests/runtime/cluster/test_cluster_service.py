@@ -60,6 +60,7 @@ async def job_loop(url: str, name: str, seed: int, steps: int) -> tuple[str, lis
 @pytest.fixture
 def service(tmp_path: Path):  # type: ignore[no-untyped-def]
     with BackgroundCluster(ClusterConfig(port=0, groups=1, state_dir=tmp_path)) as svc:
+        svc.tmp = tmp_path
         yield svc
 
 
@@ -114,6 +115,7 @@ def test_bad_input_is_refused_with_a_reason(service) -> None:
     made = http.post("/v1/deployments", json={"job_id": "j", "layout": {"dp": 1}})
     assert made.status_code == 201, made.text
     dep = made.json()["id"]
+    op = ("post", f"/v1/deployments/{dep}/ops")
     cases = [
         ("post", f"/v1/deployments/{dep}/ops", {"op": "train_harder"}, 400, "unknown operation"),
         ("post", "/v1/deployments/nope:actor/ops", {"op": "optim_step"}, 404, "no deployment"),
@@ -122,12 +124,27 @@ def test_bad_input_is_refused_with_a_reason(service) -> None:
         ("post", "/v1/deployments", {"job_id": "bad id!"}, 422, "job_id"),
         ("post", f"/v1/deployments/{dep}/ops", {"op": "forward", "extra": 1}, 422, "extra"),
         ("get", "/v1/ops/123456", None, 404, "no operation"),
-        ("post", f"/v1/deployments/{dep}/ops", {"op": "save_ckpt"}, 400, "needs a path"),
+        ("post", f"/v1/deployments/{dep}/ops", {"op": "save_ckpt"}, 400, "path: missing"),
         ("post", "/v1/deployments", {"job_id": "e", "estimates": {"fly": 1}}, 400, "estimates"),
         ("post", "/v1/deployments", {"job_id": "d", "layout": {"dp": 9}}, 400, "8 GPUs"),
         ("post", f"/v1/deployments/{dep}/migrate", {"group": 3}, 400, "no node group 3"),
         ("delete", "/v1/jobs/ghost", None, 404, "no deployment of job"),
-    ]
+        ("post", "/v1/deployments", {"job_id": "q", "model": "Qwen/Qwen3-8B"}, 400,
+         "model 'Qwen/Qwen3-8B' is not supported: a deployment runs the built-in tiny decoder"),
+        # payloads the model cannot run are refused at submission, saying what is wrong
+        (*op, {"op": "forward_backward", "payload": {"ids": [[1, 2, 300], [1, 2, 3]]}}, 400,
+         "token id 300 at row 0, position 2 is outside the model's vocabulary [0, 128)"),
+        (*op, {"op": "forward", "payload": {"ids": [[1, 2, 3], [1, 2]]}}, 400, "ragged batch"),
+        (*op, {"op": "generate", "payload": {"ids": "x"}}, 400, "ids: Input should be a valid"),
+        (*op, {"op": "generate", "payload": {"ids": [[1]], "max_tokens": "8"}}, 400,
+         "max_tokens: Input should be a valid integer"),
+        (*op, {"op": "forward", "payload": {"ids": [[1, True]]}}, 400, "ids[0][1]"),
+        (*op, {"op": "optim_step", "payload": {"learning_rate": 0.1}}, 400,
+         "learning_rate: not a field of this operation"),
+        (*op, {"op": "sync_weights", "payload": {"tp": 3}}, 400, "tp=3 does not split"),
+        (*op, {"op": "forward", "payload": {"ids": [[1, 2]]}, "deadline_s": 0}, 422, "deadline_s"),
+        (*op, {"op": "inject_fault", "payload": {"rank": 0, "action": "raise"}}, 400, "unknown"),
+    ]  # fmt: skip
     for method, path, body, status, words in cases:
         resp = http.request(method.upper(), path, json=body)
         assert resp.status_code == status and words in resp.text, (
@@ -135,12 +152,13 @@ def test_bad_input_is_refused_with_a_reason(service) -> None:
             resp.status_code,
             resp.text,
         )
-    # an operation the worker cannot do fails with its reason, and the group goes on
+    # an operation the workers cannot do fails with its reason, and the group goes on
     op = http.post(
-        f"/v1/deployments/{dep}/ops", json={"op": "forward", "payload": {"ids": "x"}}
+        f"/v1/deployments/{dep}/ops",
+        json={"op": "load_ckpt", "payload": {"path": str(service.tmp / "no-such.pt")}},
     ).json()
     view = http.get(f"/v1/ops/{op['op_id']}", params={"wait_s": 60}).json()
-    assert view["status"] == "failed" and view["error"]
+    assert view["status"] == "failed" and "No such file" in view["error"], view
     ok = http.post(f"/v1/deployments/{dep}/ops", json={"op": "sync_weights"}).json()
     assert http.get(f"/v1/ops/{ok['op_id']}", params={"wait_s": 60}).json()["status"] == "succeeded"
     http.close()

@@ -35,11 +35,16 @@ class Clock:
 
 class StandIn:
     """A worker group that takes its operation's duration on the virtual clock and, when an
-    operation ends, has its job call the next one (before the scheduler looks again)."""
+    operation ends, has its job call the next one (before the scheduler looks again). Its
+    job's operations run one after another, so their durations wait in order in `durations`."""
 
     def __init__(self, cfg: WorkerGroupConfig, clock: Clock, on_done: Any) -> None:
         self.config, self.clock, self.on_done = cfg, clock, on_done
         self.ops_run = 0
+        self.durations: list[float] = []
+
+    def death(self) -> str | None:
+        return None
 
     def start(self) -> StandIn:
         return self
@@ -50,11 +55,11 @@ class StandIn:
     def state(self, op: str, **kw: Any) -> list[Any]:
         return [0]  # the state hints have nothing to move here
 
-    def run(self, op: str, payload: dict[str, Any]) -> dict[str, Any]:
+    def run(self, op: str, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         if op in ("offload", "load"):
             self.clock.t += SETUP_S / 2 if self.clock.on else 0.0
         else:
-            self.clock.t += float(payload["exec_s"])
+            self.clock.t += self.durations.pop(0)
             self.on_done(self.config.name)
         self.ops_run += 1
         return {}
@@ -83,7 +88,8 @@ def runtime_order(jobs: list[GroupJob], kind: OpPolicyKind) -> list[tuple[str, s
         def call_next(job: str) -> None:
             if chains[job]:
                 name, secs = chains[job].pop(0)
-                ids.append(drv.submit(deps[job].id, name, {"exec_s": secs}).op_id)
+                deps[job].wpg.durations.append(secs)
+                ids.append(drv.submit(deps[job].id, name, PAYLOADS[name]).op_id)
 
         def on_done(name: str) -> None:  # runs in the driver's worker thread
             loop.call_soon_threadsafe(call_next, by_name[name])
@@ -99,7 +105,7 @@ def runtime_order(jobs: list[GroupJob], kind: OpPolicyKind) -> list[tuple[str, s
             est = {KIND[name]: s for name, s in j.train_ops}
             assert len(est) == len(j.train_ops), "one duration per operation kind"
             deps[j.job_id] = await drv.create(
-                job_id=j.job_id, model="m", role="actor", dp=1, group=0, estimates=est
+                job_id=j.job_id, model="tiny", role="actor", dp=1, group=0, estimates=est
             )
             by_name[deps[j.job_id].wpg.config.name] = j.job_id
         clock.on = True
@@ -123,6 +129,11 @@ KIND = {
     "compute_log_prob": "forward",
     "update_actor": "forward_backward",
     "sync_weight": "sync_weights",
+}
+PAYLOADS: dict[str, dict[str, Any]] = {
+    "forward": {"ids": [[1, 2]]},
+    "forward_backward": {"ids": [[1, 2]]},
+    "sync_weights": {},
 }
 
 

@@ -15,7 +15,12 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from loom.core.errors import ConfigError  # noqa: E402
-from loom.runtime.cluster.wpg import WorkerError, WorkerGroup, WorkerGroupConfig  # noqa: E402
+from loom.runtime.cluster.wpg import (  # noqa: E402
+    GroupBroken,
+    WorkerError,
+    WorkerGroup,
+    WorkerGroupConfig,
+)
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
@@ -171,6 +176,6 @@ def test_a_killed_worker_fails_the_operation_with_a_reason(tmp_path: Path) -> No
     with WorkerGroup(WorkerGroupConfig(name="victim", dp=2, state_dir=tmp_path)) as g:
         os.kill(g.pids[1], signal.SIGKILL)
         g._procs[1].wait(10)
-        with pytest.raises(WorkerError, match=r"gone|died"):
+        with pytest.raises(GroupBroken, match=r"rank 1 \(pid \d+\) was killed by SIGKILL"):
             g.run("forward", {"ids": BATCH})
         assert not g.alive

@@ -6,6 +6,11 @@ Routes: `POST /v1/deployments`, `POST /v1/deployments/{id}/ops` (202 with an op 
 `GET /v1/ops/{id}?wait_s=`, `PUT /v1/deployments/{id}/trace` (repack),
 `POST /v1/deployments/{id}/migrate`, `DELETE /v1/jobs/{id}`, `GET /v1/stats`, `GET /v1/state`
 (what each node's StateManager sidecar holds), `GET /metrics`, `GET /healthz`.
+
+A payload the deployment's model cannot run (token ids outside its vocabulary, a ragged batch,
+a field of the wrong type or of no use to the operation) is a 400 naming the problem; so is a
+`model` other than the built-in one. An operation of a failed deployment is a 409 with why it
+failed.
 """
 
 from __future__ import annotations
@@ -20,10 +25,12 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 
+from loom.cluster.faults import DeadlinePolicy, RecoveryPolicy
 from loom.cluster.plexrl.hrrs import OpPolicyKind
 from loom.cluster.plexrl.timeline import HORIZON_SLOTS, Footprint
 from loom.core.errors import ConfigError
-from loom.runtime.cluster.driver import USER_OPS, ClusterDriver, Conflict, NotFound, Unavailable
+from loom.runtime.cluster.driver import ClusterDriver, Conflict, NotFound, Unavailable
+from loom.runtime.cluster.payloads import BUILTIN_MODEL
 from loom.runtime.service import BackgroundApp, BodyLimit, DriverServer, malformed_request, run_app
 from loom.state.sidecar import SidecarConfig
 
@@ -50,6 +57,30 @@ class ClusterConfig(BaseModel):
     )
     host_bytes: int = Field(default=1 << 30, ge=0, description="a node's host tier")
     disk_bytes: int = Field(default=4 << 30, ge=0, description="a node's disk tier")
+    deadline_factor: float = Field(
+        default=10.0, ge=1, le=1e6, description="an operation's deadline: this × its duration"
+    )
+    deadline_floor_s: float = Field(
+        default=120.0, gt=0, le=1e6, description="no operation's deadline is shorter"
+    )
+    settle_s: float = Field(
+        default=10.0,
+        ge=0,
+        le=3600,
+        description="after a rank raised, how long the others have to answer before the "
+        "group is torn down",
+    )
+    watch_s: float = Field(
+        default=1.0,
+        ge=0,
+        le=3600,
+        description="how often idle worker groups are checked for dead ranks (0: only when "
+        "they are next used)",
+    )
+    max_restarts: int = Field(
+        default=3, ge=0, le=1000, description="restarts of a deployment from its offloaded state"
+    )
+    faults: bool = Field(default=False, description="tests only: accept the inject_fault operation")
 
 
 class _Layout(BaseModel):
@@ -75,7 +106,12 @@ class _Trace(BaseModel):
 class _Deployment(BaseModel):
     model_config = ConfigDict(extra="forbid")
     job_id: Name
-    model: str = Field(default="tiny", min_length=1, max_length=128)
+    model: str = Field(
+        default=BUILTIN_MODEL,
+        min_length=1,
+        max_length=128,
+        description=f"what it runs: only {BUILTIN_MODEL!r}, the built-in tiny decoder, today",
+    )
     role: Name = "actor"
     layout: _Layout = Field(default_factory=_Layout)
     group: int | None = Field(default=None, ge=0)
@@ -95,6 +131,9 @@ class _Op(BaseModel):
     model_config = ConfigDict(extra="forbid")
     op: str
     payload: dict[str, Any] = Field(default_factory=dict)
+    deadline_s: float | None = Field(
+        default=None, gt=0, le=1e6, description="how long it may run (default: the service's)"
+    )
 
 
 def _deployment_view(dep: Any) -> dict[str, Any]:
@@ -129,6 +168,13 @@ def create_app(config: ClusterConfig, driver: ClusterDriver | None = None) -> Fa
                 host_bytes=config.host_bytes,
                 disk_bytes=config.disk_bytes,
             ),
+            deadlines=DeadlinePolicy(
+                factor=config.deadline_factor, floor_s=config.deadline_floor_s
+            ),
+            recovery=RecoveryPolicy(max_restarts=config.max_restarts),
+            settle_s=config.settle_s,
+            watch_s=config.watch_s,
+            faults=config.faults,
         )
         yield
         await app.state.driver.close()
@@ -186,10 +232,8 @@ def create_app(config: ClusterConfig, driver: ClusterDriver | None = None) -> Fa
 
     @app.post("/v1/deployments/{dep_id}/ops", status_code=202)
     async def submit(dep_id: str, body: _Op) -> dict[str, Any]:
-        if body.op not in USER_OPS:
-            raise HTTPException(400, f"unknown operation {body.op!r}; known: {', '.join(USER_OPS)}")
         try:
-            rec = drv().submit(dep_id, body.op, body.payload)
+            rec = drv().submit(dep_id, body.op, body.payload, deadline_s=body.deadline_s)
         except (NotFound, Conflict, ConfigError) as exc:
             raise _fail(exc) from None
         return {"op_id": rec.op_id, "status": rec.status.value}

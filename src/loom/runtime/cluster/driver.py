@@ -16,6 +16,16 @@ state to the new node's sidecar and starts its ranks there with their state wait
 One asyncio loop owns the policy objects; a WPG call blocks, so it runs in a thread. Every
 accepted operation reaches a terminal state: succeeded, failed (its error says why), or
 cancelled when its job is deleted or the service stops.
+
+No operation runs forever and no broken deployment holds up another. Each operation runs
+under a deadline (`DeadlinePolicy`: a multiple of its measured or profiled duration, with a
+floor; a caller may name its own). It fails at the first rank that raises; ranks that do not
+settle soon after, a rank that dies and an operation past its deadline mean the worker group
+is torn down (its processes killed). Then `RecoveryPolicy` decides: a group whose state the
+node's sidecar holds whole (offloaded, not loaded since) is started again with that state
+waiting; any other fails its deployment with the reason, its queued operations with it. A
+failed or deleted deployment is skipped by its group's scheduler: a switch away from it drops
+its state instead of asking its ranks to offload. A watchdog finds ranks that die while idle.
 """
 
 from __future__ import annotations
@@ -32,19 +42,35 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from loom.cluster.plexrl.group import GroupScheduler
+from loom.cluster.faults import DeadlinePolicy, Recovery, RecoveryAction, RecoveryPolicy
+from loom.cluster.plexrl.group import Dispatch, GroupScheduler
 from loom.cluster.plexrl.hrrs import OP_POLICIES, Op, OpPolicyKind
 from loom.cluster.plexrl.placement import JobPlacement, PlacementConfig, PlexPlacement
 from loom.cluster.plexrl.timeline import HORIZON_SLOTS, Footprint, Timeline
 from loom.core.errors import ConfigError
-from loom.runtime.cluster.wpg import OPS, WorkerError, WorkerGroup, WorkerGroupConfig
+from loom.runtime.cluster.payloads import BUILTIN_MODEL, FAULT_OP
+from loom.runtime.cluster.wpg import (
+    OPS,
+    GroupBroken,
+    RankFailed,
+    WorkerError,
+    WorkerGroup,
+    WorkerGroupConfig,
+)
 from loom.state.sidecar import SidecarConfig, StateError, StateSidecar
 
-__all__ = ["ClusterDriver", "Conflict", "NotFound", "OpStatus", "Unavailable"]
+__all__ = [
+    "ClusterDriver",
+    "Conflict",
+    "DeploymentStatus",
+    "NotFound",
+    "OpStatus",
+    "Unavailable",
+]
 
 log = logging.getLogger("loom.cluster")
 
-USER_OPS = tuple(o for o in OPS if o not in ("offload", "load"))
+USER_OPS = tuple(o for o in OPS if o not in ("offload", "load", FAULT_OP))
 EWMA = 0.5  # weight of the newest measurement in a duration estimate
 
 
@@ -73,6 +99,12 @@ class OpStatus(StrEnum):
         return self in (OpStatus.SUCCEEDED, OpStatus.FAILED, OpStatus.CANCELLED)
 
 
+class DeploymentStatus(StrEnum):
+    READY = "ready"  # its ranks run (its state resident or offloaded)
+    RECOVERING = "recovering"  # its ranks were torn down; being started again or failed
+    FAILED = "failed"  # torn down for good: its error says why (delete the job to go on)
+
+
 @dataclass
 class OpRecord:
     op_id: int
@@ -85,6 +117,8 @@ class OpRecord:
     started_s: float | None = None
     ended_s: float | None = None
     setup_s: float = 0.0  # the switch paid before it
+    override_s: float | None = None  # the deadline its caller named
+    deadline_s: float | None = None  # how long it may run, set when it starts
     result: dict[str, Any] | None = None
     error: str | None = None
     system: bool = False  # an offload or load the scheduler inserted
@@ -101,6 +135,7 @@ class OpRecord:
             "started_s": self.started_s,
             "ended_s": self.ended_s,
             "setup_s": self.setup_s,
+            "deadline_s": self.deadline_s,
             "result": self.result,
             "error": self.error,
             "system": self.system,
@@ -122,6 +157,11 @@ class Deployment:
     # NOTE: its state moves (offload, load, an offloaded checkpoint, a migration) one at a time
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     migrating: bool = False
+    deleting: bool = False
+    status: DeploymentStatus = DeploymentStatus.READY
+    error: str | None = None  # why it failed
+    restarts: int = 0  # its worker group started again from its offloaded state
+    watched: bool = False  # the watchdog has a recovery of it under way
 
     def view(self) -> dict[str, Any]:
         placed = self.placement
@@ -130,6 +170,9 @@ class Deployment:
             "job": self.job,
             "model": self.model,
             "role": self.role,
+            "status": self.status.value,
+            "error": self.error,
+            "restarts": self.restarts,
             "group": self.group,
             "dp": self.wpg.config.dp,
             "ops_run": self.wpg.ops_run,
@@ -165,10 +208,19 @@ class ClusterDriver:
         state: SidecarConfig | None = None,
         clock: Callable[[], float] = time.monotonic,
         launch: Callable[[WorkerGroupConfig], Any] | None = None,
+        deadlines: DeadlinePolicy | None = None,
+        recovery: RecoveryPolicy | None = None,
+        settle_s: float = 10.0,
+        watch_s: float = 1.0,
+        faults: bool = False,
     ) -> None:
         """`state`: each group's sidecar (its GPUs are `gpus_per_group`); `launch` builds a
         deployment's worker group in place of the default — worker processes on the group's
-        sidecar, or Ray actors with launcher="ray" (tests put stand-ins there)."""
+        sidecar, or Ray actors with launcher="ray" (tests put stand-ins there). `deadlines`
+        and `recovery` decide how long an operation may run and what happens to a group torn
+        down; `settle_s`: after a rank raised, how long the others have to answer before the
+        group is torn down; `watch_s`: how often idle groups are checked for dead ranks;
+        `faults`: accept the test-only `inject_fault` operation."""
         if groups < 1:
             raise ConfigError(f"groups must be >= 1, got {groups}")
         if gpus_per_group < 1:
@@ -191,6 +243,7 @@ class ClusterDriver:
         self.ops: dict[int, OpRecord] = {}
         self._ids = itertools.count()
         self._exec: dict[tuple[str, str], float] = {}  # (deployment, op) -> seconds
+        self._measured: dict[tuple[str, str], float] = {}  # the same, from runs only
         self._switch: dict[str, float] = {}  # deployment -> offload + load seconds
         self.default_exec_s = default_exec_s
         self.default_switch_s = default_switch_s
@@ -209,6 +262,11 @@ class ClusterDriver:
         self._locks = [asyncio.Lock() for _ in range(groups)]
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closing = False
+        self.deadlines = deadlines or DeadlinePolicy()
+        self.recovery = recovery or RecoveryPolicy()
+        self.settle_s, self.watch_s, self.faults = settle_s, watch_s, faults
+        self._watchdog: asyncio.Task[None] | None = None
+        self._nodes_lost: set[int] = set()  # groups whose dead sidecar is being dealt with
         self.counts = {
             "ops": 0,
             "switches": 0,
@@ -216,6 +274,8 @@ class ClusterDriver:
             "prefetched_bytes": 0,
             "offloaded_checkpoints": 0,
             "migrations": 0,
+            "restarts": 0,
+            "failed_deployments": 0,
         }
 
     def now(self) -> float:
@@ -240,6 +300,11 @@ class ClusterDriver:
         own (cold start) while one is free, and the least-shared group when none is."""
         if self._closing:
             raise Conflict("the service is shutting down")
+        if model != BUILTIN_MODEL:
+            raise ConfigError(
+                f"model {model!r} is not supported: a deployment runs the built-in tiny decoder "
+                f"(model {BUILTIN_MODEL!r}); running a user's model is not built yet"
+            )
         dep_id = f"{job_id}:{role}"
         if dep_id in self.deployments:
             raise Conflict(f"deployment {dep_id} exists already")
@@ -248,7 +313,8 @@ class ClusterDriver:
             raise Conflict(f"deployment {dep_id} would share its state's name with {clash[0]}")
         if group is not None and not 0 <= group < len(self.groups):
             raise ConfigError(f"no node group {group} (this service has {len(self.groups)})")
-        bad = sorted(k for k, v in (estimates or {}).items() if k not in USER_OPS or not v >= 0)
+        known = USER_OPS + ((FAULT_OP,) if self.faults else ())
+        bad = sorted(k for k, v in (estimates or {}).items() if k not in known or not v >= 0)
         if bad:
             raise ConfigError(f"estimates for unknown operations or below 0 s: {bad}")
         if self.launcher == "process" and dp > self.gpus_per_group:
@@ -286,6 +352,8 @@ class ClusterDriver:
                     f"{dep_id} could not wait offloaded for its turn: {exc}"
                 ) from None
         log.info("deployment %s (dp %d) on node group %d", dep_id, dp, group)
+        if self._watchdog is None and self.watch_s > 0:
+            self._watchdog = asyncio.get_running_loop().create_task(self._watch())
         return dep
 
     async def _node(self, group: int) -> StateSidecar:
@@ -318,6 +386,8 @@ class ClusterDriver:
             seed=seed,
             state_dir=None if self.state_dir is None else self.state_dir / name,
             start_offloaded=start_offloaded,
+            settle_s=self.settle_s,
+            faults=self.faults,
         )
         wpg: Any
         if self._launch_fn is not None:
@@ -356,9 +426,7 @@ class ClusterDriver:
         """A deployment's cycle is profiled (§4.3.2: cold start, then repacking): place it
         from its trace. If its node group changes, its state leaves the old group's devices
         and its later operations queue on the new group."""
-        dep = self.deployments.get(dep_id)
-        if dep is None:
-            raise NotFound(f"no deployment {dep_id!r}")
+        dep = self._ready(dep_id)
         old = self.groups[dep.group]
         if any(o.job == dep_id for o in old.queue) or (
             old.running is not None and old.running.job == dep_id
@@ -381,9 +449,7 @@ class ClusterDriver:
         that node's sidecar, start its ranks there with their state waiting, and stop the old
         ones (whose sidecar then forgets it). On Ray a group is a label over Ray's nodes: the
         deployment's actors and their node sidecars stay, its operations queue on `group`."""
-        dep = self.deployments.get(dep_id)
-        if dep is None:
-            raise NotFound(f"no deployment {dep_id!r}")
+        dep = self._ready(dep_id)
         if not 0 <= group < len(self.groups):
             raise ConfigError(f"no node group {group} (this service has {len(self.groups)})")
         if group == dep.group:
@@ -407,12 +473,15 @@ class ClusterDriver:
 
     async def _migrate(self, dep: Deployment, group: int) -> None:
         old = self.groups[dep.group]
-        try:
-            async with self._locks[dep.group]:
+        async with self._locks[dep.group]:
+            try:
                 if old.resident == dep.id:
                     await self._move(dep, "offload", dep.group)
-        except WorkerError as exc:
-            raise Unavailable(f"could not offload {dep.id} to move it: {exc}") from None
+            except GroupBroken as exc:
+                await self._recover(dep, f"its offload (to move it) failed: {exc}")
+                raise Unavailable(f"could not offload {dep.id} to move it: {exc}") from None
+            except WorkerError as exc:
+                raise Unavailable(f"could not offload {dep.id} to move it: {exc}") from None
         if self.launcher == "process":
             loop = asyncio.get_running_loop()
             src, dst = await self._node(dep.group), await self._node(group)
@@ -436,50 +505,84 @@ class ClusterDriver:
         dep.group = group
 
     async def _move(self, dep: Deployment, kind: str, group: int) -> None:
+        """Offload or load `dep`'s state (an operation of its own in the records). Raises
+        `GroupBroken` if its group must be torn down, `WorkerError` if the move was refused
+        (the group holds what it held)."""
         payload = {"tier": "host"} if kind == "offload" else {}
         rec = OpRecord(next(self._ids), dep.id, dep.job, kind, payload, self.now(), system=True)
         self.ops[rec.op_id] = rec
         async with dep.lock:
-            await self._execute(dep, rec)
-        if rec.status != OpStatus.SUCCEEDED:
-            raise WorkerError(f"{kind} of {dep.id} failed: {rec.error}")
+            err = await self._execute(dep, rec)
+            if err is not None:
+                broken = await self._broken(dep, err)
+                if broken is not None:
+                    raise GroupBroken(f"{kind} of {dep.id}: {broken}")
+                raise WorkerError(f"{kind} of {dep.id} failed: {rec.error}")
         if kind == "offload" and self.groups[group].resident == dep.id:
             self.groups[group].resident = None
 
     async def delete_job(self, job_id: str) -> list[str]:
+        """Stop a job's deployments: queued operations cancelled, a running one's ranks
+        killed (it is cancelled too: a deleted job never holds its group), state dropped."""
         gone = [d for d in self.deployments.values() if d.job == job_id]
         if not gone:
             raise NotFound(f"no deployment of job {job_id!r}")
         if any(d.migrating for d in gone):
             raise Conflict(f"a deployment of {job_id} is moving: delete it when it has landed")
+        loop = asyncio.get_running_loop()
         for dep in gone:
+            dep.deleting = True
             sched = self.groups[dep.group]
             for op in sched.withdraw(dep.id):
                 self._end(self.ops[op.op_id], OpStatus.CANCELLED, error=f"job {job_id} was deleted")
+            if sched.running is not None and sched.running.job == dep.id:
+                await loop.run_in_executor(None, dep.wpg.kill)
             while sched.running is not None and sched.running.job == dep.id:
-                await asyncio.sleep(0.01)  # its running operation finishes first
-            if sched.resident == dep.id:
-                sched.resident = None
-            if self.placement.group_of(dep.id) is not None:
-                self.placement.release(dep.id)
-            await asyncio.get_running_loop().run_in_executor(None, dep.wpg.close)
-            del self.deployments[dep.id]
+                await asyncio.sleep(0.01)  # its running operation ends (its ranks are gone)
+            async with dep.lock:  # (a recovery or a checkpoint of it ends first)
+                if sched.resident == dep.id:
+                    sched.resident = None
+                if self.placement.group_of(dep.id) is not None:
+                    self.placement.release(dep.id)
+                await loop.run_in_executor(None, dep.wpg.close)
+            self.deployments.pop(dep.id, None)
         return [d.id for d in gone]
 
+    def _ready(self, dep_id: str) -> Deployment:
+        dep = self.deployments.get(dep_id)
+        if dep is None or dep.deleting:
+            raise NotFound(f"no deployment {dep_id!r}")
+        if dep.status is DeploymentStatus.FAILED:
+            raise Conflict(
+                f"deployment {dep_id} failed: {dep.error}. Delete job {dep.job} to free its "
+                "name, then create it again"
+            )
+        return dep
+
     # ---- operations -------------------------------------------------------------------------
-    def submit(self, dep_id: str, kind: str, payload: dict[str, Any]) -> OpRecord:
+    def submit(
+        self,
+        dep_id: str,
+        kind: str,
+        payload: dict[str, Any],
+        *,
+        deadline_s: float | None = None,
+    ) -> OpRecord:
+        """Queue an operation. Its payload is checked against the deployment's model first
+        (ConfigError saying what is wrong); `deadline_s` overrides how long it may run."""
         if self._closing:
             raise Conflict("the service is shutting down")
-        dep = self.deployments.get(dep_id)
-        if dep is None:
-            raise NotFound(f"no deployment {dep_id!r}")
-        if kind not in USER_OPS:
+        dep = self._ready(dep_id)
+        known = USER_OPS + ((FAULT_OP,) if self.faults else ())
+        if kind not in known:
             raise ConfigError(f"unknown operation {kind!r}; known: {', '.join(USER_OPS)}")
+        if deadline_s is not None and not deadline_s > 0:
+            raise ConfigError(f"deadline_s must be > 0, got {deadline_s}")
         if dep.migrating:
             raise Conflict(f"{dep_id} is moving to another node group: call again when it has")
-        if kind in ("save_ckpt", "load_ckpt") and not isinstance(payload.get("path"), str):
-            raise ConfigError(f"{kind} needs a path (a string) in its payload")
+        dep.wpg.config.check(kind, payload)
         rec = OpRecord(next(self._ids), dep_id, dep.job, kind, payload, self.now())
+        rec.override_s = deadline_s
         self.ops[rec.op_id] = rec
         if kind == "save_ckpt" and self._offloaded_and_idle(dep):
             self._spawn(self._checkpoint_offloaded(dep, rec))
@@ -492,10 +595,19 @@ class ClusterDriver:
         self._pump(dep.group)
         return rec
 
+    def _deadline(self, dep: Deployment, kind: str, override_s: float | None) -> float:
+        """How long an operation of `kind` may run: from its measured duration once it has
+        run, else the deployment's estimate, else the service's default."""
+        key = (dep.id, kind)
+        default = self.default_switch_s if kind in ("offload", "load") else self.default_exec_s
+        expected = self._measured.get(key, self._exec.get(key, default))
+        return self.deadlines.deadline_s(expected, override_s)
+
     def _offloaded_and_idle(self, dep: Deployment) -> bool:
         sched = self.groups[dep.group]
         return (
-            sched.resident != dep.id
+            dep.status is DeploymentStatus.READY
+            and sched.resident != dep.id
             and not (sched.running is not None and sched.running.job == dep.id)
             and not any(o.job == dep.id for o in sched.queue)
             and not dep.lock.locked()
@@ -504,13 +616,23 @@ class ClusterDriver:
     async def _checkpoint_offloaded(self, dep: Deployment, rec: OpRecord) -> None:
         """A checkpoint from the state the sidecar holds: no switch, the group runs on."""
         rec.status, rec.started_s = OpStatus.RUNNING, self.now()
+        rec.deadline_s = self._deadline(dep, rec.kind, rec.override_s)
         loop = asyncio.get_running_loop()
         name = dep.wpg.config.name
         try:
             async with dep.lock:
-                out = await loop.run_in_executor(
-                    None, lambda: dep.wpg.state("checkpoint", dep=name, path=rec.payload["path"])
+                out = await asyncio.wait_for(
+                    loop.run_in_executor(
+                        None,
+                        lambda: dep.wpg.state("checkpoint", dep=name, path=rec.payload["path"]),
+                    ),
+                    rec.deadline_s,
                 )
+        except TimeoutError:
+            self.counts["failed"] += 1
+            error = f"save_ckpt ran past its deadline of {rec.deadline_s:g} s"
+            self._end(rec, OpStatus.FAILED, error=error)
+            return
         except (StateError, WorkerError) as exc:
             self.counts["failed"] += 1
             self._end(rec, OpStatus.FAILED, error=str(exc))
@@ -533,6 +655,11 @@ class ClusterDriver:
             return
         self._spawn(self._run(group, d))
 
+    def _live(self, dep_id: str | None) -> Deployment | None:
+        dep = self.deployments.get(dep_id) if dep_id is not None else None
+        ok = dep is not None and dep.status is DeploymentStatus.READY and not dep.deleting
+        return dep if ok else None
+
     async def _hint(self, dep: Deployment, kind: str, upcoming: Sequence[str] = ()) -> None:
         """A hint to the StateManager of `dep`'s node (§4.5.1): the group's `plan` (the
         deployments in the order they will run: eviction reads it), or `prefetch` of `dep`'s
@@ -540,9 +667,7 @@ class ClusterDriver:
         loop = asyncio.get_running_loop()
         try:
             if kind == "plan":
-                names = [
-                    self.deployments[d].wpg.config.name for d in upcoming if d in self.deployments
-                ]
+                names = [self.deployments[d].wpg.config.name for d in upcoming]
                 await loop.run_in_executor(None, lambda: dep.wpg.state("plan", upcoming=names))
             elif not dep.lock.locked():
                 name = dep.wpg.config.name
@@ -553,69 +678,240 @@ class ClusterDriver:
         except (StateError, WorkerError, OSError) as exc:
             log.debug("state hint %s for %s: %s", kind, dep.id, exc)
 
-    async def _run(self, group: int, d: Any) -> None:
+    async def _run(self, group: int, d: Dispatch) -> None:
         rec = self.ops[d.op.op_id]
-        dep = self.deployments.get(rec.deployment)
+        sched = self.groups[group]
         try:
-            if dep is None:
-                self._end(rec, OpStatus.CANCELLED, error="its deployment is gone")
-                return
             async with self._locks[group]:
+                dep = self.deployments.get(rec.deployment)
+                if dep is None or dep.deleting or dep.status is DeploymentStatus.FAILED:
+                    # (it failed or went while this waited: its switch never happens)
+                    if d.load is not None:
+                        sched.resident = d.offload if self._live(d.offload) else None
+                    if dep is not None and dep.status is DeploymentStatus.FAILED:
+                        self._end(rec, OpStatus.FAILED, error=f"{dep.id} failed: {dep.error}")
+                    else:
+                        self._end(rec, OpStatus.CANCELLED, error="its deployment is gone")
+                    return
                 await self._switch_and_execute(group, d, dep, rec)
         finally:
-            self.groups[group].done(d.op.op_id)
+            sched.done(d.op.op_id)
             self._pump(group)
 
-    async def _switch_and_execute(self, group: int, d: Any, dep: Deployment, rec: OpRecord) -> None:
+    async def _switch_and_execute(
+        self, group: int, d: Dispatch, dep: Deployment, rec: OpRecord
+    ) -> None:
         sched = self.groups[group]
-        upcoming, nxt = list(sched.upcoming), sched.next_switch()
+        upcoming = [j for j in sched.upcoming if self._live(j) is not None]
         if upcoming != self._plans[group]:  # the switch's eviction follows it
             self._plans[group] = upcoming
             await self._hint(dep, "plan", upcoming=upcoming)
         if d.offload is not None or d.load is not None:
             t0 = self.clock()
-            offloaded = False
-            try:
-                if d.offload is not None and d.offload in self.deployments:
-                    await self._move(self.deployments[d.offload], "offload", group)
-                offloaded = True
-                await self._move(dep, "load", group)
-            except WorkerError as exc:  # the operation fails; the group holds what it held
-                sched.resident = None if offloaded else d.offload
-                self.counts["failed"] += 1
-                self._end(rec, OpStatus.FAILED, error=f"the switch to {dep.id} failed: {exc}")
+            if not await self._switch_to(group, d.offload, dep, rec):
                 return
-            self.groups[group].resident = dep.id
             self._learn_switch(dep.id, self.clock() - t0)
             rec.setup_s = self.clock() - t0
             self.counts["switches"] += 1
-        other = self.deployments.get(nxt) if nxt is not None else None
+        other = self._live(next((j for j in upcoming if j != dep.id), None))
         if other is not None:  # the next switch's state comes up while this operation runs
             self._spawn(self._hint(other, "prefetch"))
-        await self._execute(dep, rec)
+        err = await self._execute(dep, rec)
+        if err is not None and not dep.deleting:
+            broken = await self._broken(dep, err)
+            if broken is not None:
+                await self._recover(dep, broken)
 
-    async def _execute(self, dep: Deployment, rec: OpRecord) -> None:
+    async def _switch_to(
+        self, group: int, old_id: str | None, dep: Deployment, rec: OpRecord
+    ) -> bool:
+        """Offload the resident deployment and load `dep` (§5.2.2). A resident deployment
+        that is failed, gone or breaks on its offload does not hold up the switch: it is torn
+        down and its state dropped (or kept, by the recovery policy). False (and `rec`
+        ended) if `dep` cannot be loaded."""
+        sched = self.groups[group]
+        old = self._live(old_id)
+        if old is not None and old is not dep:
+            try:
+                await self._move(old, "offload", group)
+            except GroupBroken as exc:
+                await self._recover(old, f"its offload for the switch to {dep.id} failed: {exc}")
+            except WorkerError as exc:  # refused (no room on the node): it stays resident
+                sched.resident = old.id
+                self.counts["failed"] += 1
+                self._end(rec, OpStatus.FAILED, error=f"the switch to {dep.id} failed: {exc}")
+                return False
+        sched.resident = None
+        why = ""
+        for _ in range(2):  # a second try after its group was started again from its state
+            try:
+                await self._move(dep, "load", group)
+            except GroupBroken as exc:
+                why = str(exc)
+                if not dep.deleting and await self._recover(dep, f"its load failed: {exc}"):
+                    continue
+                break
+            except WorkerError as exc:
+                why = f"the switch to {dep.id} failed: {exc}"
+                break
+            sched.resident = dep.id
+            return True
+        if dep.deleting:
+            self._end(rec, OpStatus.CANCELLED, error=f"job {dep.job} was deleted")
+        else:
+            self.counts["failed"] += 1
+            error = f"{dep.id} failed: {dep.error}" if dep.error else why
+            self._end(rec, OpStatus.FAILED, error=error)
+        return False
+
+    async def _execute(self, dep: Deployment, rec: OpRecord) -> Exception | None:
+        """Run `rec` on `dep`'s group within its deadline; the error, if it failed."""
         rec.status = OpStatus.RUNNING
         rec.started_s = self.now()
+        rec.deadline_s = self._deadline(dep, rec.kind, rec.override_s)
         t0 = self.clock()
         loop = asyncio.get_running_loop()
         try:
-            result = await loop.run_in_executor(None, dep.wpg.run, rec.kind, rec.payload)
-        except (WorkerError, ConfigError) as exc:
-            self.counts["failed"] += 1
-            self._end(rec, OpStatus.FAILED, error=str(exc))
-            return
+            result = await loop.run_in_executor(
+                None, dep.wpg.run, rec.kind, rec.payload, rec.deadline_s
+            )
         except Exception as exc:  # every accepted operation ends, with what went wrong
-            log.exception("%s %s", dep.id, rec.kind)
-            self.counts["failed"] += 1
-            self._end(rec, OpStatus.FAILED, error=f"{type(exc).__name__}: {exc}")
-            return
+            if isinstance(exc, (WorkerError, ConfigError)):
+                error = str(exc)
+            else:
+                log.exception("%s %s", dep.id, rec.kind)
+                error = f"{type(exc).__name__}: {exc}"
+            if dep.deleting or self._closing:
+                why = "the service stopped" if self._closing else f"job {dep.job} was deleted"
+                self._end(rec, OpStatus.CANCELLED, error=f"{why} while it ran")
+            else:
+                self.counts["failed"] += 1
+                self._end(rec, OpStatus.FAILED, error=error)
+            return exc
         took = self.clock() - t0
         key = (dep.id, rec.kind)
-        old = self._exec.get(key)
-        self._exec[key] = took if old is None else EWMA * took + (1 - EWMA) * old
+        for seen in (self._exec, self._measured):
+            old = seen.get(key)
+            seen[key] = took if old is None else EWMA * took + (1 - EWMA) * old
         rec.result = result
         self._end(rec, OpStatus.SUCCEEDED)
+        return None
+
+    async def _broken(self, dep: Deployment, err: Exception) -> str | None:
+        """Why `dep`'s group must be torn down after `err`, or None if it can go on: a rank
+        raised and the others answered soon after (they were not left in a collective)."""
+        if isinstance(err, GroupBroken):
+            return str(err)
+        if isinstance(err, RankFailed) and err.pending:
+            loop = asyncio.get_running_loop()
+            if not await loop.run_in_executor(None, dep.wpg.settle, self.settle_s):
+                return (
+                    f"{err}; ranks {sorted(err.pending)} were still in it {self.settle_s:g} s later"
+                )
+        return None
+
+    # ---- recovery ---------------------------------------------------------------------------
+    async def _recover(self, dep: Deployment, reason: str) -> bool:
+        """Tear `dep`'s worker group down (its ranks killed) and, as the recovery policy
+        decides, start it again with its state waiting on the node's sidecar, or fail it.
+        The caller holds its group's lock. True if it was started again."""
+        if dep.deleting or self._closing or dep.status is not DeploymentStatus.READY:
+            return False
+        dep.status = DeploymentStatus.RECOVERING
+        loop = asyncio.get_running_loop()
+        log.warning("tearing down %s's worker group: %s", dep.id, reason)
+        async with dep.lock:
+            await loop.run_in_executor(None, dep.wpg.kill)
+            sched = self.groups[dep.group]
+            if sched.resident == dep.id:
+                sched.resident = None
+            intact = await loop.run_in_executor(None, dep.wpg.state_intact)
+            decision = self.recovery.decide(
+                reason=reason, state_intact=intact, restarts=dep.restarts
+            )
+            if decision.action is RecoveryAction.RESTART:
+                try:
+                    wpg = await self._launch(
+                        dep.id, dep.group, dep.dp, dep.seed, start_offloaded=True
+                    )
+                except (WorkerError, StateError) as exc:
+                    decision = Recovery(RecoveryAction.FAIL, f"{reason}; its restart failed: {exc}")
+                else:
+                    old, dep.wpg = dep.wpg, wpg
+                    await loop.run_in_executor(None, functools.partial(old.close, keep_state=True))
+                    dep.restarts += 1
+                    dep.status = DeploymentStatus.READY
+                    self.counts["restarts"] += 1
+                    log.warning("%s started again from its offloaded state", dep.id)
+                    return True
+            await loop.run_in_executor(None, dep.wpg.close)  # its state on the sidecar too
+            self._fail_deployment(dep, decision.reason)
+        return False
+
+    def _fail_deployment(self, dep: Deployment, reason: str) -> None:
+        dep.status, dep.error = DeploymentStatus.FAILED, reason
+        sched = self.groups[dep.group]
+        for op in sched.withdraw(dep.id):
+            self.counts["failed"] += 1
+            self._end(self.ops[op.op_id], OpStatus.FAILED, error=f"{dep.id} failed: {reason}")
+        if sched.resident == dep.id:
+            sched.resident = None
+        if self.placement.group_of(dep.id) is not None:
+            self.placement.release(dep.id)
+        self.counts["failed_deployments"] += 1
+        log.error("deployment %s failed: %s", dep.id, reason)
+
+    async def _watch(self) -> None:
+        """Find groups whose ranks died while no operation of theirs ran, and recover them
+        (under their group's lock, so never in the middle of another's switch); and node
+        groups whose sidecar died, whose deployments then have no state manager."""
+        while not self._closing:
+            await asyncio.sleep(self.watch_s)
+            try:
+                self._look()
+            except Exception:  # (the watch goes on whatever one look met)
+                log.exception("the cluster watchdog")
+
+    def _look(self) -> None:
+        for g, sc in enumerate(self._sidecars):
+            if sc is not None and not sc.alive and g not in self._nodes_lost:
+                self._nodes_lost.add(g)
+                self._spawn(self._recover_node(g, sc))
+        for dep in list(self.deployments.values()):
+            if dep.status is not DeploymentStatus.READY or dep.migrating or dep.deleting:
+                continue
+            if dep.watched or dep.wpg.death() is None:
+                continue
+            dep.watched = True
+            self._spawn(self._recover_dead(dep))
+
+    async def _recover_node(self, group: int, sc: StateSidecar) -> None:
+        """The node's sidecar died: the state it held is gone and its deployments' ranks can
+        move no state. They are torn down and failed; the next deployment there starts a
+        new sidecar."""
+        why = f"node group {group}'s StateManager sidecar (pid {sc.pid}) exited ({sc.exit_code})"
+        try:
+            async with self._locks[group]:
+                log.error("%s: the state it held is lost", why)
+                for dep in [d for d in self.deployments.values() if d.group == group]:
+                    if dep.status is DeploymentStatus.READY and not dep.deleting:
+                        await self._recover(dep, why)
+                async with self._node_locks[group]:
+                    if self._sidecars[group] is sc:
+                        self._sidecars[group] = None
+                        self._plans[group] = []
+                await asyncio.get_running_loop().run_in_executor(None, sc.close)
+        finally:
+            self._nodes_lost.discard(group)
+
+    async def _recover_dead(self, dep: Deployment) -> None:
+        try:
+            async with self._locks[dep.group]:
+                dead = dep.wpg.death()
+                if dead is not None and dep.status is DeploymentStatus.READY:
+                    await self._recover(dep, dead)
+        finally:
+            dep.watched = False
 
     def _end(self, rec: OpRecord, status: OpStatus, error: str | None = None) -> None:
         if rec.status.terminal:
@@ -661,16 +957,25 @@ class ClusterDriver:
             "counts": dict(self.counts),
         }
 
-    async def close(self) -> None:
-        """Stop: queued operations are cancelled, running ones finish, WPGs stop."""
+    async def close(self, grace_s: float = 10.0) -> None:
+        """Stop: queued operations are cancelled, running ones get `grace_s` to finish (then
+        their ranks are killed and they are cancelled), WPGs and sidecars stop."""
         self._closing = True
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         for s in self.groups:
             for dep_id in {o.job for o in s.queue}:
                 for op in s.withdraw(dep_id):
                     self._end(self.ops[op.op_id], OpStatus.CANCELLED, error="the service stopped")
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
         loop = asyncio.get_running_loop()
+        if self._tasks:
+            _, late = await asyncio.wait(set(self._tasks), timeout=grace_s)
+            if late:
+                running = {s.running.job for s in self.groups if s.running is not None}
+                for dep in list(self.deployments.values()):
+                    if dep.id in running:
+                        await loop.run_in_executor(None, dep.wpg.kill)
+                await asyncio.gather(*self._tasks, return_exceptions=True)
         for dep in list(self.deployments.values()):
             await loop.run_in_executor(None, dep.wpg.close)
         self.deployments.clear()

@@ -19,7 +19,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from loom.runtime.cluster.wpg import (
+    GroupBroken,
     OneAtATime,
+    RankFailed,
     WorkerError,
     WorkerGroupConfig,
     _free_port,
@@ -142,6 +144,7 @@ class RayWorkerGroup(OneAtATime):
     _lock: threading.Lock = field(default_factory=threading.Lock)
     running: str | None = None
     ops_run: int = 0
+    _pending: list[Any] = field(default_factory=list)  # results a failed operation left out
 
     def start(self) -> RayWorkerGroup:
         import ray
@@ -206,15 +209,70 @@ class RayWorkerGroup(OneAtATime):
     def alive(self) -> bool:
         return bool(self._actors)
 
+    def death(self) -> str | None:
+        return None if self._actors else "its ranks are stopped"
+
+    def state_intact(self) -> bool:
+        """NOTE: a Ray deployment is not restarted from its sidecars' state (its new ranks
+        could land on other nodes than the state): a broken one is marked failed."""
+        return False
+
     def _run_ranks(self, op: str, payload: dict[str, Any], timeout_s: float) -> list[Any]:
+        import time
+
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+
+        name = self.config.name
+        if self._pending and not self._settle(self.config.settle_s):
+            raise GroupBroken(f"{name}: ranks never finished an earlier operation")
+        refs = [a.run.remote(op, payload) for a in self._actors]
+        rank_of = {r: i for i, r in enumerate(refs)}
+        pending, results = list(refs), {}
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            left = deadline - time.monotonic()
+            ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, left))
+            if not ready:
+                self._pending = pending
+                raise GroupBroken(f"{name}: {op} ran past its deadline of {timeout_s:g} s")
+            rank = rank_of[ready[0]]
+            try:
+                results[rank] = ray.get(ready[0], timeout=0)
+            except RayTaskError as exc:  # fail now: the others may wait in a collective
+                self._pending = pending
+                cause = exc.cause if exc.cause is not None else exc
+                raise RankFailed(
+                    f"{name} {op}: rank {rank}: {type(cause).__name__}: {cause}",
+                    frozenset(rank_of[r] for r in pending),
+                ) from None
+            except (RayActorError, GetTimeoutError) as exc:
+                self._pending = pending
+                raise GroupBroken(f"{name}: rank {rank} is gone during {op}: {exc}") from None
+            except Exception as exc:
+                self._pending = pending
+                raise WorkerError(f"{name} {op}: rank {rank}: {exc}") from None
+        self._pending = []
+        return [results[r] for r in range(len(refs))]
+
+    def _settle(self, timeout_s: float) -> bool:
         import ray
 
-        try:
-            return list(
-                ray.get([a.run.remote(op, payload) for a in self._actors], timeout=timeout_s)
-            )
-        except Exception as exc:
-            raise WorkerError(f"{self.config.name} {op}: {exc}") from None
+        if self._pending:
+            _, still = ray.wait(self._pending, num_returns=len(self._pending), timeout=timeout_s)
+            if still:
+                return False
+            self._pending = []
+        return True
+
+    def kill(self) -> None:
+        """Stop the ranks at once; the state their nodes' sidecars hold stays."""
+        import ray
+
+        for a in self._actors:
+            with contextlib.suppress(Exception):
+                ray.kill(a)
+        self._actors, self._pending = [], []
 
     def state(self, op: str, **kw: Any) -> list[Any]:
         """A call on the sidecar of every node holding this group's state, one result each."""
@@ -225,15 +283,16 @@ class RayWorkerGroup(OneAtATime):
             actors = actors[:1]
         return list(ray.get([a.call.remote(op, kw) for a in actors], timeout=600))
 
-    def close(self) -> None:
+    def close(self, *, keep_state: bool = False) -> None:
         import ray
         from ray.util.placement_group import remove_placement_group
 
         for a in self._actors:
-            ray.kill(a)
-        self._actors = []
-        for sidecar in self._sidecars.values():  # the node's sidecar stays for others
             with contextlib.suppress(Exception):
+                ray.kill(a)
+        self._actors, self._pending = [], []
+        for sidecar in self._sidecars.values() if not keep_state else ():
+            with contextlib.suppress(Exception):  # the node's sidecar stays for others
                 ray.get(sidecar.call.remote("drop", {"dep": self.config.name}), timeout=30)
         self._sidecars = {}
         if self._pg is not None:

@@ -16,6 +16,14 @@ from it, each target rank fetching only its slices.
 
 A group run alone starts a sidecar of its own; the cluster service gives every group on a node
 the node's sidecar (`state_address`).
+
+Failures: every rank checks a payload before it computes (`payloads`), so a payload no rank can
+run fails on all of them alike. An operation fails at the first rank that raises
+(`RankFailed`), without waiting for the others, which may be blocked in a collective for the
+rank that gave up; `settle` then waits a short while for them. A rank that dies, an operation
+past its deadline or ranks that never settle make the group unusable (`GroupBroken`): its owner
+`kill`s it. Ranks and a private sidecar are tied to the process that started them
+(`loom.runtime.lifeline`): they die with it, by whatever signal.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import hashlib
 import json
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -34,13 +43,24 @@ import time
 import traceback
 from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Client, Connection, Listener
+from multiprocessing.connection import wait as wait_ready
 from pathlib import Path
 from typing import Any
 
 from loom.core.errors import ConfigError
+from loom.runtime.cluster.payloads import FAULT_OP, check_payload
+from loom.runtime.lifeline import child_popen, watch_parent
 from loom.state.sidecar import TOKEN_ENV, SidecarConfig, StateClient, StateSidecar
 
-__all__ = ["OPS", "OneAtATime", "WorkerError", "WorkerGroup", "WorkerGroupConfig"]
+__all__ = [
+    "OPS",
+    "GroupBroken",
+    "OneAtATime",
+    "RankFailed",
+    "WorkerError",
+    "WorkerGroup",
+    "WorkerGroupConfig",
+]
 
 OPS = (
     "forward",
@@ -52,11 +72,26 @@ OPS = (
     "sync_weights",
     "offload",
     "load",
+    FAULT_OP,  # refused unless the group's config allows faults (tests)
 )
 
 
 class WorkerError(RuntimeError):
     """An operation failed in a worker (its message says which rank and why)."""
+
+
+class RankFailed(WorkerError):
+    """A rank raised; `pending` are the ranks that had not answered yet (they may be waiting
+    in a collective for the one that raised)."""
+
+    def __init__(self, message: str, pending: frozenset[int]) -> None:
+        super().__init__(message)
+        self.pending = pending
+
+
+class GroupBroken(WorkerError):
+    """The group cannot run another operation: a rank died, an operation ran past its
+    deadline, or ranks never came back from one. Kill it."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,10 +112,20 @@ class WorkerGroupConfig:
     state_address: str | None = None  # the node's sidecar; a private one when None
     gpu_base: int = 0  # rank r holds the node's GPU gpu_base + r
     start_offloaded: bool = False  # its state is on the sidecar already (a migration)
+    settle_s: float = 10.0  # after a rank raised, how long the others have to answer
+    faults: bool = False  # accept FAULT_OP (tests: a rank raises, hangs or exits)
 
     def __post_init__(self) -> None:
         if self.dp < 1:
             raise ConfigError(f"dp must be >= 1, got {self.dp}")
+        if self.settle_s < 0:
+            raise ConfigError(f"settle_s must be >= 0, got {self.settle_s}")
+
+    def check(self, op: str, payload: Any) -> None:
+        """Refuse a payload the group's model cannot run (ConfigError saying why)."""
+        if op == FAULT_OP and not self.faults:
+            raise ConfigError(f"unknown operation {op!r} (fault injection is off)")
+        check_payload(op, payload, vocab=self.vocab, dim=self.dim, heads=self.heads, ranks=self.dp)
 
 
 def _free_port() -> int:
@@ -104,6 +149,7 @@ class OneAtATime:
         """Run `op` on every rank and return rank 0's result; one operation at a time."""
         if op not in OPS:
             raise ConfigError(f"unknown operation {op!r}; known: {', '.join(OPS)}")
+        self.config.check(op, payload or {})
         if not self._lock.acquire(blocking=False):
             raise WorkerError(
                 f"{self.config.name}: {self.running} is running; one operation at a time"
@@ -120,8 +166,17 @@ class OneAtATime:
             self.running = None
             self._lock.release()
 
+    def settle(self, timeout_s: float) -> bool:
+        """After a `RankFailed`: wait up to `timeout_s` for the ranks still out to answer
+        (their answers are dropped). True if the group can run again."""
+        with self._lock:
+            return self._settle(timeout_s)
+
     def _run_ranks(self, op: str, payload: dict[str, Any], timeout_s: float) -> list[Any]:
-        """Every rank's result of `op`, in rank order."""
+        """Every rank's result of `op`, in rank order; `RankFailed` at the first error."""
+        raise NotImplementedError
+
+    def _settle(self, timeout_s: float) -> bool:
         raise NotImplementedError
 
 
@@ -139,6 +194,7 @@ class WorkerGroup(OneAtATime):
     _sidecar: StateSidecar | None = None  # a private one, when no address was given
     running: str | None = None  # the operation in flight, if any
     ops_run: int = 0
+    _pending: set[int] = field(default_factory=set)  # ranks yet to answer a failed operation
 
     def start(self) -> WorkerGroup:
         """Start one process per rank (`python -m loom.runtime.cluster.wpg`: a fresh
@@ -186,7 +242,8 @@ class WorkerGroup(OneAtATime):
                     str(port),
                     spec,
                 ]
-                self._procs.append(subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL))
+                tie = child_popen(env)  # the rank dies with this process, by any signal
+                self._procs.append(subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, **tie))
             accepting = threading.Thread(
                 target=lambda: self._accept(listener, by_rank), daemon=True
             )
@@ -226,6 +283,27 @@ class WorkerGroup(OneAtATime):
     def alive(self) -> bool:
         return bool(self._procs) and all(p.poll() is None for p in self._procs)
 
+    def death(self) -> str | None:
+        """Which rank is gone and how, or None while every rank lives."""
+        for rank, p in enumerate(self._procs):
+            code = p.poll()
+            if code is not None:
+                how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited ({code})"
+                return f"rank {rank} (pid {p.pid}) {how}"
+        return None if self._procs else "its ranks are stopped"
+
+    def state_intact(self) -> bool:
+        """Whether the node's sidecar holds this group's whole state offloaded (what a
+        restart of its ranks with `start_offloaded` loads)."""
+        if self.state_token is None or self._state_address is None:
+            return False
+        try:
+            with StateClient(self._state_address, self.state_token, timeout_s=30) as c:
+                held = c.call("stats")["deployments"].get(self.config.name)
+        except Exception:  # the sidecar is gone, or will not say: nothing to restart from
+            return False
+        return held is not None and not held["loaded"]
+
     def state(self, op: str, **kw: Any) -> list[Any]:
         """A call on the sidecar(s) holding this group's state, one result per node."""
         assert self.state_token is not None and self._state_address, "start the group first"
@@ -237,30 +315,91 @@ class WorkerGroup(OneAtATime):
         return [p.pid for p in self._procs]
 
     def _run_ranks(self, op: str, payload: dict[str, Any], timeout_s: float) -> list[Any]:
-        if not self.alive:
-            raise WorkerError(f"{self.config.name}: a worker process is gone")
-        replies = []
-        rank = 0
-        try:
-            for rank in range(len(self._conns)):  # (the rank is named if its send fails)
+        name = self.config.name
+        if self._pending and not self._settle(self.config.settle_s):
+            raise GroupBroken(
+                f"{name}: ranks {sorted(self._pending)} never finished an earlier operation"
+            )
+        dead = self.death()
+        if dead is not None:
+            raise GroupBroken(f"{name}: {dead}")
+        pending = set(range(len(self._conns)))
+        self._pending = pending  # (until every rank has answered)
+        for rank in sorted(pending):
+            try:
                 self._conns[rank].send((op, payload))
-            deadline = time.monotonic() + timeout_s
-            for rank, conn in enumerate(self._conns):
-                while not conn.poll(0.2):
-                    if self._procs[rank].poll() is not None:
-                        raise WorkerError(f"{self.config.name}: rank {rank} died during {op}")
-                    if time.monotonic() > deadline:
-                        raise WorkerError(f"{self.config.name}: {op} ran past {timeout_s} s")
-                replies.append(conn.recv())
-        except (OSError, EOFError):  # its end of the connection is gone: the process too
-            raise WorkerError(f"{self.config.name}: rank {rank} died during {op}") from None
-        errors = [f"rank {r}: {m['error']}" for r, m in enumerate(replies) if m.get("error")]
-        if errors:
-            raise WorkerError(f"{self.config.name} {op}: " + "; ".join(errors))
-        return [m["result"] for m in replies]
+            except OSError:  # its end of the connection is gone: the process too
+                raise GroupBroken(f"{name}: rank {rank} is gone ({op} not sent)") from None
+        replies: dict[int, Any] = {}
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            left = deadline - time.monotonic()
+            by_conn = {id(self._conns[r]): r for r in pending}
+            ready = wait_ready([self._conns[r] for r in sorted(pending)], max(0.0, min(0.2, left)))
+            for rank in sorted(by_conn[id(c)] for c in ready):
+                try:
+                    msg = self._conns[rank].recv()
+                except (OSError, EOFError):  # its end is closed: the process is exiting
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        self._procs[rank].wait(5)  # (for its exit status)
+                    raise GroupBroken(
+                        f"{name}: {self.death() or f'rank {rank} is gone'} during {op}"
+                    ) from None
+                pending.discard(rank)
+                if msg.get("error"):  # fail now: the others may wait in a collective for it
+                    still = f" (ranks {sorted(pending)} had not answered)" if pending else ""
+                    raise RankFailed(
+                        f"{name} {op}: rank {rank}: {msg['error']}{still}", frozenset(pending)
+                    )
+                replies[rank] = msg["result"]
+            if pending and not ready:
+                dead = self.death()
+                if dead is not None:
+                    raise GroupBroken(f"{name}: {dead} during {op}")
+                if time.monotonic() >= deadline:
+                    raise GroupBroken(
+                        f"{name}: {op} ran past its deadline of {timeout_s:g} s "
+                        f"(ranks {sorted(pending)} had not answered)"
+                    )
+        return [replies[r] for r in range(len(self._conns))]
 
-    def close(self) -> None:
-        """Stop the ranks and drop the deployment's state from the sidecar."""
+    def _settle(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while self._pending:
+            if self.death() is not None:
+                return False
+            by_conn = {id(self._conns[r]): r for r in self._pending}
+            left = deadline - time.monotonic()
+            waiting = [self._conns[r] for r in sorted(self._pending)]
+            ready = wait_ready(waiting, max(0.0, min(0.2, left)))
+            for conn in ready:
+                rank = by_conn[id(conn)]
+                try:
+                    self._conns[rank].recv()  # a late answer of the failed operation: dropped
+                except (OSError, EOFError):
+                    return False
+                self._pending.discard(rank)
+            if self._pending and not ready and time.monotonic() >= deadline:
+                return False
+        return True
+
+    def kill(self) -> None:
+        """Stop the ranks at once (SIGKILL: they may be wedged) and end the sidecar calls
+        they left waiting; the state the sidecar holds for the group stays (`close` drops
+        it)."""
+        for p in self._procs:
+            if p.poll() is None:
+                p.kill()
+        for p in self._procs:
+            p.wait(30)
+        if self.state_token is not None and self._state_address is not None:
+            address, token = self._state_address, self.state_token
+            with contextlib.suppress(Exception), StateClient(address, token, timeout_s=10) as c:
+                c.call("abandon", dep=self.config.name)
+
+    def close(self, *, keep_state: bool = False) -> None:
+        """Stop the ranks and drop the deployment's state from the sidecar (`keep_state`:
+        leave it there, for ranks started again with `start_offloaded`)."""
         for conn in self._conns:
             with contextlib.suppress(Exception):
                 conn.send(("exit", {}))
@@ -272,11 +411,11 @@ class WorkerGroup(OneAtATime):
                 p.wait(5)
         for conn in self._conns:
             conn.close()
-        self._procs, self._conns = [], []
+        self._procs, self._conns, self._pending = [], [], set()
         if self._sidecar is not None:
             self._sidecar.close()
             self._sidecar = None
-        elif self.state_token is not None and self._state_address is not None:
+        elif self.state_token is not None and self._state_address is not None and not keep_state:
             drop_state(self._state_address, self.state_token, self.config.name)
         if self._tmp is not None:
             self._tmp.cleanup()
@@ -287,6 +426,12 @@ class WorkerGroup(OneAtATime):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _signal_name(sig: int) -> str:
+    with contextlib.suppress(ValueError):
+        return signal.Signals(sig).name
+    return f"signal {sig}"
 
 
 def drop_state(address: str, token: bytes, name: str) -> None:
@@ -344,6 +489,9 @@ class _Worker:
         self.torch, self.dist = torch, dist
         self.rank, self.world = rank, cfg["dp"]
         self.name = cfg["name"]
+        self.cfg = WorkerGroupConfig(
+            **{k: v for k, v in cfg.items() if k in WorkerGroupConfig.__dataclass_fields__}
+        )
         dist.init_process_group(
             "gloo", init_method=f"tcp://{master}:{port}", rank=rank, world_size=self.world
         )
@@ -374,11 +522,27 @@ class _Worker:
 
     # ---- dispatch ---------------------------------------------------------------------------
     def run(self, op: str, p: dict[str, Any]) -> dict[str, Any]:
+        # every rank checks the whole payload first: a bad one fails on all ranks alike,
+        # before any collective
+        self.cfg.check(op, p)
         if op in ("offload", "load"):
             return getattr(self, f"_{op}")(p)
         if not self.resident:
             raise RuntimeError(f"{self.name} is offloaded: load it before {op}")
         return getattr(self, f"_{op}")(p)
+
+    def _inject_fault(self, p: dict[str, Any]) -> dict[str, Any]:
+        """Test-only (the group's `faults`): rank `p["rank"]` raises, hangs `hang_s` or exits
+        where the others wait for it in a collective."""
+        if self.rank == p["rank"]:
+            if p["action"] == "raise":
+                raise RuntimeError(f"injected fault on rank {self.rank}")
+            if p["action"] == "exit":
+                os._exit(13)
+            time.sleep(float(p.get("hang_s", 3600.0)))
+        t = self.torch.ones(())
+        self.dist.all_reduce(t)
+        return {"sum": float(t)}
 
     def _rows(self, ids: list[list[int]]) -> Any:
         mine = ids[self.rank :: self.world]
@@ -537,6 +701,7 @@ class _Worker:
 
 def main(argv: list[str]) -> None:
     """A worker process: connect back to the group's listener, then serve operations."""
+    watch_parent()  # this rank dies with the process that started it, however that dies
     address, rank, port, spec = argv[0], int(argv[1]), int(argv[2]), json.loads(argv[3])
     key = bytes.fromhex(os.environ.pop("LOOM_WPG_AUTHKEY"))
     token = bytes.fromhex(os.environ.pop(TOKEN_ENV))
