@@ -1,15 +1,19 @@
 """The rollout router's overhead: latency it adds to a request against calling the engine
-directly, p50 and p99, at 1 and at 200 concurrent requests (targets: <= 1 ms and <= 5 ms),
-and the same for `sglang-router` (the Rust router SGLang ships) as a peer when it is
-installed.
+directly (p50, p99), the router's CPU per request, and requests per second, at 1, 8 and 200
+concurrent requests, beside `sglang-router` (the Rust router SGLang ships) over the same
+engine. Targets (issue 26): <= 1 ms added at the p50 at concurrency 1, <= 2x sglang-router's
+CPU per request, >= 0.8x its requests/s at concurrency 8.
 
-The engine is Loom's stand-in SGLang engine on a 0.1 ms step, one token per request, so
-what is measured is the routers' request path, not generation. Every process (engine, router,
-load generator) runs on this machine: on two cores the 200-concurrent figures include the
-CPU the router takes from the engine and the load generator. Each run alternates direct and
-routed rounds so that drift hits both alike.
+Prompts are text by default (what OpenAI clients send): Loom tokenizes them itself (the tiny
+model's tokenizer, `--tokenizer`), sglang-router forwards the text and the engine tokenizes;
+`--prompt ids` sends token ids instead. The engine is Loom's stand-in SGLang engine on a
+0.1 ms step, one token per request, so what is measured is the routers' request path, not
+generation. Every process (engine, router, load generator) runs on this machine: on two cores
+the concurrent figures include the CPU the router takes from the engine and the load
+generator. Each run alternates direct and routed rounds so that drift hits both alike.
 
-Run: python benchmarks/bench_rollout_router.py [--requests 2000] [--json out.json]
+Run: python benchmarks/bench_rollout_router.py [--requests 2000] [--prompt text|ids]
+     [--json out.json]
 """
 
 from __future__ import annotations
@@ -82,13 +86,15 @@ def standin(step_ms: float) -> Iterator[str]:
 
 
 @contextmanager
-def loom_router(engine: str) -> Iterator[tuple[str, int]]:
+def loom_router(engine: str, tokenizer: str | None) -> Iterator[tuple[str, int]]:
     port = _free_port()
     cmd = [
         sys.executable, "-m", "loom.cli", "serve", "rollout", "--port", str(port),
         "--engine", f"{engine},max_running=4096", "--placement", "least_load",
         "--scheduler", "fcfs",
     ]  # fmt: skip
+    if tokenizer:
+        cmd += ["--tokenizer", tokenizer]
     url = f"http://127.0.0.1:{port}"
     with _process(cmd, url, "/health") as proc:
         yield url, proc.pid
@@ -136,9 +142,16 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def _load(url: str, n: int, concurrency: int) -> list[float]:
+PROMPTS = {
+    "text": {"text": "defi duli fofi bila benu defi duli fofi bila benu defi duli"},
+    "ids": {"input_ids": [1, 2, 3, 4]},
+}
+
+
+async def _load(url: str, n: int, concurrency: int, prompt: str) -> tuple[list[float], float]:
+    """Latencies of `n` requests `concurrency` at a time, and the wall time they took."""
     body = json.dumps(
-        {"input_ids": [1, 2, 3, 4], "sampling_params": {"max_new_tokens": 1, "ignore_eos": True}}
+        {**PROMPTS[prompt], "sampling_params": {"max_new_tokens": 1, "ignore_eos": True}}
     ).encode()
     headers = {"Content-Type": "application/json"}
     lat: list[float] = []
@@ -156,8 +169,10 @@ async def _load(url: str, n: int, concurrency: int) -> list[float]:
                         raise RuntimeError(f"{url}: {resp.status} {await resp.text()}")
                 lat.append(time.perf_counter() - t0)
 
+        t0 = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return lat
+        wall = time.perf_counter() - t0
+    return lat, wall
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -166,18 +181,20 @@ def _pct(xs: list[float], q: float) -> float:
 
 
 def measure(
-    engine: str, routed: str, pid: int, n: int, concurrency: int, rounds: int
+    engine: str, routed: str, pid: int, n: int, concurrency: int, rounds: int, prompt: str
 ) -> dict[str, float]:
     direct: list[float] = []
     via: list[float] = []
-    asyncio.run(_load(engine, min(n, 200), concurrency))  # warm both paths
-    asyncio.run(_load(routed, min(n, 200), concurrency))
-    cpu = 0.0
+    asyncio.run(_load(engine, min(n, 200), concurrency, prompt))  # warm both paths
+    asyncio.run(_load(routed, min(n, 200), concurrency, prompt))
+    cpu = wall = 0.0
     for _ in range(rounds):
-        direct += asyncio.run(_load(engine, n // rounds, concurrency))
+        direct += asyncio.run(_load(engine, n // rounds, concurrency, prompt))[0]
         c0 = _cpu_s(pid)
-        via += asyncio.run(_load(routed, n // rounds, concurrency))
+        lat, took = asyncio.run(_load(routed, n // rounds, concurrency, prompt))
         cpu += _cpu_s(pid) - c0
+        via += lat
+        wall += took
     d50, d99 = _pct(direct, 0.5), _pct(direct, 0.99)
     v50, v99 = _pct(via, 0.5), _pct(via, 0.99)
     return {
@@ -188,8 +205,24 @@ def measure(
         "added_p50_ms": (v50 - d50) * 1e3,
         "added_p99_ms": (v99 - d99) * 1e3,
         "router_cpu_ms_per_request": cpu / len(via) * 1e3,
+        "requests_per_s": len(via) / wall,
         "requests": len(via),
     }
+
+
+def _ratios(rows: list[dict[str, Any]]) -> None:
+    """Loom against sglang-router, as the targets are stated."""
+    by = {(r["router"], r["concurrency"]): r for r in rows}
+    if ("sglang-router", 1) not in by or ("loom", 1) not in by:
+        return
+    loom1, sg1 = by["loom", 1], by["sglang-router", 1]
+    cpu = loom1["router_cpu_ms_per_request"] / sg1["router_cpu_ms_per_request"]
+    rps = by["loom", 8]["requests_per_s"] / by["sglang-router", 8]["requests_per_s"]
+    print(
+        f"Loom: {loom1['added_p50_ms']:.2f} ms added at the p50 (target <= 1; sglang-router "
+        f"{sg1['added_p50_ms']:.2f}); CPU per request {cpu:.2f}x sglang-router's (target <= 2); "
+        f"requests/s at concurrency 8 {rps:.2f}x sglang-router's (target >= 0.8)"
+    )
 
 
 def main() -> None:
@@ -197,33 +230,45 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=2000, help="routed requests per setting")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--step-ms", type=float, default=0.1)
+    ap.add_argument("--prompt", choices=sorted(PROMPTS), default="text")
     ap.add_argument("--json", default=None, help="write the rows here too")
     args = ap.parse_args()
+    tokenizer = None
+    if args.prompt == "text":
+        from loom.runtime.engine.model import TinyModelSpec, build_tiny_model
+
+        tokenizer = str(build_tiny_model(TinyModelSpec()))
     rows: list[dict[str, Any]] = []
     with standin(args.step_ms) as engine:
-        routers = {"loom": loom_router(engine), "sglang-router": sglang_router(engine)}
+        routers = {
+            "loom": loom_router(engine, tokenizer),
+            "sglang-router": sglang_router(engine),
+        }
         for name, ctx in routers.items():
             with ctx as found:
                 if found is None:
                     print(f"{name}: not installed (pip install sglang-router); skipped")
                     continue
-                for conc in (1, 200):
+                for conc in (1, 8, 200):
                     n = args.requests if conc == 1 else args.requests * 4
-                    row = {"router": name, "concurrency": conc}
+                    row = {"router": name, "concurrency": conc, "prompt": args.prompt}
                     url, pid = found
-                    row |= measure(engine, url, pid, n, conc, args.rounds)
+                    row |= measure(engine, url, pid, n, conc, args.rounds, args.prompt)
                     rows.append(row)
                     print(
                         f"{name:>14} x{conc:<3}  direct p50 {row['direct_p50_ms']:6.2f} ms "
                         f"p99 {row['direct_p99_ms']:6.2f} | routed p50 {row['routed_p50_ms']:6.2f}"
                         f" p99 {row['routed_p99_ms']:6.2f} | added p50 {row['added_p50_ms']:+6.2f}"
                         f" ms, p99 {row['added_p99_ms']:+6.2f} ms | router CPU "
-                        f"{row['router_cpu_ms_per_request']:.2f} ms/request",
+                        f"{row['router_cpu_ms_per_request']:.2f} ms/request | "
+                        f"{row['requests_per_s']:7.0f} requests/s",
                         flush=True,
                     )
+    _ratios(rows)
     uvloop = importlib.util.find_spec("uvloop") is not None
     print(
         f"machine: {os.cpu_count()} cores; Loom's event loop: {'uvloop' if uvloop else 'asyncio'}"
+        f"; prompts: {args.prompt}"
     )
     if args.json:
         with open(args.json, "w") as f:

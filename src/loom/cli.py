@@ -342,6 +342,14 @@ def serve_rollout(
         list[Path] | None,
         typer.Option("--profile", help="engine profile CSV per TP degree for Heddle's placement"),
     ] = None,
+    tokenizer: Annotated[
+        str | None,
+        typer.Option(
+            "--tokenizer",
+            help="tokenizer of text prompts (a path or Hugging Face name; default: the "
+            "engines' model; 'engine': ask an engine's /tokenize)",
+        ),
+    ] = None,
     ray: Annotated[
         bool,
         typer.Option(
@@ -407,6 +415,7 @@ def serve_rollout(
             port=port,
             state_dir=state_dir,
             profiles=tuple(profile) if profile else None,
+            tokenizer=tokenizer,
         )
     except ConfigError as exc:
         raise typer.BadParameter(str(exc)) from None

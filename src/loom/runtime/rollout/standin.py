@@ -68,6 +68,11 @@ _SAMPLING = {
 }
 
 
+def words(text: str) -> list[int]:
+    """The stand-in's tokenizer: one token per whitespace-separated word."""
+    return [3 + zlib.crc32(w.encode()) % (VOCAB - 3) for w in text.split()]
+
+
 def token_logprob(context: list[int], token: int) -> float:
     """The stand-in model's logprob of `token` after `context`: in [-10, 0)."""
     h = zlib.crc32(token.to_bytes(4, "little") + bytes(str(context[-16:]), "ascii"))
@@ -277,7 +282,7 @@ class StandinEngine:
         prompt = body.get("prompt")
         if not isinstance(prompt, str):
             return web.json_response({"error": "prompt must be a string"}, status=400)
-        tokens = [3 + zlib.crc32(w.encode()) % (VOCAB - 3) for w in prompt.split()]
+        tokens = words(prompt)
         return web.json_response({"tokens": tokens, "count": len(tokens)})
 
     async def requests(self, request: web.Request) -> web.Response:
@@ -310,8 +315,10 @@ class StandinEngine:
     async def generate(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         ids = body.get("input_ids")
+        if ids is None and isinstance(body.get("text"), str):
+            ids = words(body["text"])
         if not isinstance(ids, list) or not ids:
-            return web.json_response({"error": "input_ids required"}, status=400)
+            return web.json_response({"error": "input_ids or text required"}, status=400)
         params = body.get("sampling_params") or {}
         rid = body.get("rid") or f"r{len(self.log)}"
         max_new = int(params.get("max_new_tokens", 128))
