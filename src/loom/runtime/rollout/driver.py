@@ -537,7 +537,7 @@ class RolloutDriver:
             return
         except EngineRejected as exc:
             if turn.attempt == attempt:
-                self._end(turn, error=exc)
+                self._end(turn, error=exc, engine_done=True)
             return
         except EngineUnreachable as exc:
             self._on_failure(e, turn, attempt, str(exc))
@@ -562,7 +562,7 @@ class RolloutDriver:
             reason = "length"  # it had generated everything it asked for anyway
         turn.finish_reason = reason
         turn.matched_stop = done.matched_stop
-        self._end(turn)
+        self._end(turn, engine_done=True)
 
     def _receive(self, e: EngineState, turn: Turn, item: Delta) -> None:
         """A chunk of the running attempt: tokens, text and logprobs join the turn."""
@@ -641,10 +641,13 @@ class RolloutDriver:
 
     # ---- the end of a turn -------------------------------------------------------------
 
-    def _end(self, turn: Turn, *, error: Exception | None = None) -> None:
+    def _end(
+        self, turn: Turn, *, error: Exception | None = None, engine_done: bool = False
+    ) -> None:
         """The one place a turn ends: it leaves wherever it is (a running attempt is
-        aborted at its engine), the trajectory learns what it generated, and whoever waits on
-        it is woken. FINISHED with `turn.finish_reason`, or FAILED with `error`."""
+        aborted at its engine, unless the engine ended it: `engine_done`), the trajectory
+        learns what it generated, and whoever waits on it is woken. FINISHED with
+        `turn.finish_reason`, or FAILED with `error`."""
         if turn.ended:
             return
         e = turn.engine
@@ -655,7 +658,10 @@ class RolloutDriver:
             if turn in e.waiting:
                 e.waiting.remove(turn)
         elif was is TurnState.RUNNING and e is not None:
-            self._interrupt(turn, e)
+            if engine_done:
+                e.running.pop(turn.seq, None)
+            else:
+                self._interrupt(turn, e)
         now = self.now()
         if error is None:
             turn.end(now)
