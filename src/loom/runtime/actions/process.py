@@ -6,7 +6,8 @@ of the server but the read-only system and its own workspace. Without cgroups th
 back to a session killed as a group and an address-space limit of `memory_gb` per process.
 
 An action ends when its main process exits: its status comes from that exit code, and what
-it left running is killed after `linger_s`."""
+it left running is killed after `linger_s`. If the server dies (SIGKILL included), its reaper
+(`loom.runtime.reaper`) kills the sessions of the actions still running and their cgroups."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from loom.runtime.actions.cgroups import ActionGroup, CgroupError, Cgroups
 from loom.runtime.actions.executor import ExecContext
 from loom.runtime.actions.record import Outcome
 from loom.runtime.actions.sandbox import Bubblewrap, minimal_env
+from loom.runtime.reaper import Reaper
 
 __all__ = ["OutputTail", "ProcessExecutor", "kill_session"]
 
@@ -145,6 +147,7 @@ class ProcessExecutor:
         self.cgroups = cgroups
         self.sandbox = sandbox
         self.linger_s = linger_s
+        self.reaper: Reaper | None = None  # ends the actions' sessions if the server dies
         self._home: set[int] | None = None  # the spawning thread's own CPU mask
 
     def _env(self, ctx: ExecContext) -> dict[str, str]:
@@ -229,6 +232,8 @@ class ProcessExecutor:
             return Outcome(status=ActionStatus.FAILED, error=f"cannot run {argv[0]!r}: {reason}")
         finally:
             os.sched_setaffinity(0, self._home)
+        if self.reaper is not None:
+            self.reaper.track(proc.pid)  # its session's id
         _after_spawn(proc.pid, pinned)
         ctx.started()
         out, err = OutputTail(self.max_output_bytes), OutputTail(self.max_output_bytes)
@@ -249,6 +254,8 @@ class ProcessExecutor:
             if group is not None:
                 await asyncio.to_thread(group.kill)
             kill_session(proc.pid)
+            if self.reaper is not None:
+                self.reaper.forget(proc.pid)  # before it is reaped, while its pid is its own
             await proc.wait()
             _, pending = await asyncio.wait(readers, timeout=_DRAIN_S)
             for r in pending:  # a process that left the session still holds a pipe
