@@ -1,7 +1,13 @@
-"""A child process group that cannot outlive its parent: `Tethered(cmd)` starts `cmd` under a
-small tether process that leads the group, and the tether ends the whole group once its
-lifeline (a pipe whose only writer is the parent) closes — which the kernel does when the
-parent dies, by any signal, SIGKILL included.
+"""A child process group that cannot outlive its parent: `Tethered(cmd)` runs `cmd` as the
+leader of a new process group, watched by a small tether process in that group, and the
+tether ends the whole group once its lifeline (a pipe whose only writer is the parent) closes
+— which the kernel does when the parent dies, by any signal, SIGKILL included — or once the
+command exits (ending what it left behind).
+
+The tether forks itself off before the command starts and the first process then `exec`s the
+command, so the parent's child is the command itself (its pid, its exit status) and the tether
+is the command's child: a parent's killer that also kills the parent's direct children (Ray
+does, when it kills an actor's worker) does not reach the tether.
 
 NOTE: why a pipe and not PR_SET_PDEATHSIG. The kernel sends the death signal when the *thread*
 that forked the child exits, not the process (engines are started from worker threads: the
@@ -31,13 +37,11 @@ _POLL_S = 0.05
 
 
 class Tethered(subprocess.Popen[Any]):
-    """`subprocess.Popen(cmd, ...)` but tethered: the command runs in a new session led by a
-    tether (so `pid` is the process group's id: `os.killpg(pid, ...)` reaches the command and
-    everything it started), and the group is ended (SIGTERM, SIGKILL after `grace_s`) when
-    this object is released or this process dies. The tether exits with the command's exit
-    status (dying by the same signal when the command did), after ending what it left.
-
-    The tether owns stdin (the lifeline); the command's stdin is /dev/null."""
+    """`subprocess.Popen(cmd, ...)` but tethered: the command leads a new session (so
+    `os.killpg(pid, ...)` reaches it and everything it started, the tether included), and
+    the group is ended (SIGTERM, SIGKILL after `grace_s`) when this object is released or
+    this process dies, or after the command exits. The tether owns stdin (the lifeline); the
+    command's stdin is /dev/null."""
 
     def __init__(self, cmd: Sequence[str], *, grace_s: float = GRACE_S, **kwargs: Any) -> None:
         for owned in ("stdin", "start_new_session", "process_group", "preexec_fn"):
@@ -45,6 +49,8 @@ class Tethered(subprocess.Popen[Any]):
                 raise TypeError(f"Tethered sets {owned} itself")
         if grace_s < 0:
             raise ValueError(f"grace_s must be >= 0, got {grace_s}")
+        if not cmd:
+            raise ValueError("no command given")
         read, self._lifeline = os.pipe()  # both ends non-inheritable; stdin is dup'ed
         argv = [sys.executable, "-m", __name__, "--grace-s", str(grace_s), "--", *cmd]
         try:
@@ -89,30 +95,40 @@ def group_members(pgid: int, *, exclude: int | None = None) -> list[int]:
     return found
 
 
-def _end_group(grace_s: float, child: subprocess.Popen[bytes]) -> None:
+def _end_group(grace_s: float) -> None:
     """SIGTERM every other member of this group, SIGKILL what is left after `grace_s`."""
     me, group = os.getpid(), os.getpgrp()
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in group_members(group, exclude=me):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
         deadline = time.monotonic() + (grace_s if sig == signal.SIGTERM else 5.0)
-        while True:
-            child.poll()  # reap it, else it stays a member (a zombie)
-            if not group_members(group, exclude=me) or time.monotonic() >= deadline:
-                break
+        while group_members(group, exclude=me) and time.monotonic() < deadline:
             time.sleep(_POLL_S)
 
 
-def _exit_as(code: int) -> NoReturn:
-    """Exit with the command's status: its code, or death by its signal."""
-    sys.stdout.flush()
-    if code < 0:
-        with contextlib.suppress(OSError, ValueError):  # SIGKILL and SIGSTOP have no handler
-            signal.signal(-code, signal.SIG_DFL)
-        os.kill(os.getpid(), -code)
-    os._exit(code if code >= 0 else 128 - code)
+def _watch(command: int, grace_s: float) -> NoReturn:
+    """The tether: wait until the command exits (`command`, a pidfd) or the lifeline (stdin)
+    closes, end the group, exit."""
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)  # a signal to the group is the command's to handle
+    with contextlib.suppress(OSError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)  # do not hold the parent's pipe open; stderr stays for the note
+        os.close(devnull)
+    while True:
+        ready, _, _ = select.select([0, command], [], [])
+        if command in ready:
+            break
+        if not os.read(0, 4096):
+            print(
+                f"loom tether: the parent of process group {os.getpgrp()} is gone; ending it",
+                file=sys.stderr,
+                flush=True,
+            )
+            break
+    _end_group(grace_s)
+    os._exit(0)
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
@@ -123,40 +139,18 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not cmd:
         parser.error("no command given")
-    pending: list[int] = []  # signals that came before the command started
-    child: subprocess.Popen[bytes] | None = None
-
-    def forward(signum: int, _frame: object) -> None:  # `kill <pid>` stops the command
-        if child is None:
-            pending.append(signum)
-            return
-        with contextlib.suppress(ProcessLookupError):
-            child.send_signal(signum)
-
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, forward)
+    me = os.pidfd_open(os.getpid())  # close-on-exec: the tether keeps it, the command not
+    if os.fork() == 0:
+        _watch(me, args.grace_s)
+    os.close(me)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)  # the lifeline is the tether's
+    os.close(devnull)
     try:
-        child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)  # in this group
+        os.execvp(cmd[0], cmd)
     except OSError as exc:
         print(f"loom tether: cannot run {cmd[0]!r}: {exc.strerror or exc}", file=sys.stderr)
         os._exit(127)
-    for signum in pending:
-        forward(signum, None)
-    exited = os.pidfd_open(child.pid)
-    while True:
-        ready, _, _ = select.select([0, exited], [], [])
-        if exited in ready:
-            code = child.wait()
-            _end_group(args.grace_s, child)  # what it left behind
-            _exit_as(code)
-        if 0 in ready and not os.read(0, 4096):
-            print(
-                f"loom tether: the parent of process group {os.getpgrp()} is gone; ending it",
-                file=sys.stderr,
-                flush=True,
-            )
-            _end_group(args.grace_s, child)
-            _exit_as(child.wait())
 
 
 if __name__ == "__main__":

@@ -5,10 +5,10 @@ group per trajectory (its `memory_gb` over all its processes).
 Groups live below the server's own cgroup in each hierarchy (so the limits of whatever runs
 the server still hold), under a root named for this server instance: `loom-<pid>-<start>-<n>`,
 the process id, its start time in clock ticks (`/proc/<pid>/stat`: no other process shares
-both) and the server's number within the process. When a server dies its reaper (`loom.runtime.reaper`)
-removes its root, killing what runs in it; a server that starts also removes the roots of
-instances that are gone (a server killed together with its reaper leaves its groups and their
-processes behind), killing what runs in them."""
+both) and the server's number within the process. When a server dies, its reaper
+(`loom.runtime.reaper`) removes its root, killing what runs in it; a server that starts also
+removes the roots of instances that are gone (a server killed together with its reaper leaves
+its groups and their processes behind), killing what runs in them."""
 
 from __future__ import annotations
 

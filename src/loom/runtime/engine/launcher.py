@@ -237,7 +237,7 @@ class EngineProcess:
             log_path = Path(name)
         with log_path.open("ab") as out:
             # NOTE: vLLM's API server starts an engine core, workers and a resource tracker,
-            # all in one process group: a tether leads it (stop() signals the group) and ends
+            # all in its process group (stop() signals the group); a tether in the group ends
             # it when this process dies, SIGKILL included, so that no engine is left holding
             # memory and answering on its port once its launcher is gone.
             proc = Tethered(
@@ -262,7 +262,6 @@ class EngineProcess:
 
     @property
     def pid(self) -> int:
-        """The engine's process group (its leader, the tether, exits with the engine)."""
         return self._proc.pid
 
     @property
