@@ -121,7 +121,8 @@ class ActionDriver:
     def _sandbox(self, config: ActionServerConfig) -> tuple[Bubblewrap | None, list[str]]:
         """Bubblewrap; a ConfigError when asked for and unusable: the server must not start."""
         if config.sandbox is SandboxKind.BWRAP:
-            return probe_bubblewrap(hide=(self.workspaces.root,)), []
+            box = probe_bubblewrap(hide=(self.workspaces.root,), binds=config.sandbox_ro_binds)
+            return box, []
         note = "--sandbox none: actions see the whole machine and the network"
         log.warning("running actions without a sandbox: %s", note)
         return None, [note]
