@@ -188,13 +188,20 @@ def server_process(tmp_path: Path) -> Iterator[Callable[[], tuple[subprocess.Pop
     """Start `loom serve actions` as a process of its own; each call starts another."""
     procs: list[subprocess.Popen[bytes]] = []
 
-    def start(sandbox: str = SANDBOX, cgroups: bool = True) -> tuple[subprocess.Popen[bytes], str]:
+    def start(
+        sandbox: str = SANDBOX, cgroups: bool = True, workdir: bool = True
+    ) -> tuple[subprocess.Popen[bytes], str]:
+        """`workdir` False: the server's own temporary directory, under tmp_path/tmp."""
         port = _free_port()
         config = tmp_path / f"server-{port}.toml"
         config.write_text(f"cgroups = {str(cgroups).lower()}\n")
         cmd = [PY, "-c", "from loom.cli import app; app()", "serve", "actions", "--port", str(port)]
-        cmd += ["--workdir", str(tmp_path / "work"), "--sandbox", sandbox, "--config", str(config)]
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        cmd += ["--sandbox", sandbox, "--config", str(config)]
+        if workdir:
+            cmd += ["--workdir", str(tmp_path / "work")]
+        (tmp_path / "tmp").mkdir(exist_ok=True)
+        env = {**os.environ, "TMPDIR": str(tmp_path / "tmp")}
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
         procs.append(proc)
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 30
@@ -242,10 +249,10 @@ def _instance_groups(server_pid: int) -> list[Path]:
     [("none", True), ("none", False), pytest.param("bwrap", True, marks=needs_bwrap)],
 )
 def test_sigkill_of_the_server_ends_its_running_actions(
-    server_process: Callable[..., Any], sandbox: str, cgroups: bool
+    server_process: Callable[..., Any], sandbox: str, cgroups: bool, tmp_path: Path
 ) -> None:
     marker = f"301.7{sandbox == 'bwrap':d}{cgroups:d}"
-    proc, url = server_process(sandbox, cgroups)
+    proc, url = server_process(sandbox, cgroups, workdir=False)
     if cgroups:  # a grandchild in a session of its own: only the cgroups hold it
         _submit(url, trajectory_id="t", command=_hold(marker))
     else:  # without cgroups an action is its session (a `setsid` escapes it, and the reaper)
@@ -254,11 +261,13 @@ def test_sigkill_of_the_server_ends_its_running_actions(
     tree = wait_descendants(proc.pid, 4)  # the reaper and the action's processes
     assert any("loom.runtime.reaper" in p.command for p in tree)
     assert bool(_instance_groups(proc.pid)) == cgroups
+    assert [p.name[:13] for p in tmp_path.joinpath("tmp").iterdir()] == ["loom-actions-"]
     proc.kill()  # SIGKILL: nothing of the server runs its cleanup
     proc.wait()
     assert wait_gone(tree) == {}, "processes of the server outlived it"
     assert not procs_with(marker)
     assert _instance_groups(proc.pid) == [], "the dead server's cgroups are left"
+    assert list(tmp_path.joinpath("tmp").iterdir()) == [], "its temporary workspaces are left"
     with pytest.raises(httpx.TransportError):
         httpx.get(f"{url}/healthz", trust_env=False)
 
