@@ -52,7 +52,9 @@ class Tethered(subprocess.Popen[Any]):
         if not cmd:
             raise ValueError("no command given")
         read, self._lifeline = os.pipe()  # both ends non-inheritable; stdin is dup'ed
-        argv = [sys.executable, "-m", __name__, "--grace-s", str(grace_s), "--", *cmd]
+        # NOTE: run by its file, isolated (-I) and without site (-S): it needs only the
+        # standard library, so it starts fast and whatever `env` the command is given
+        argv = [sys.executable, "-I", "-S", __file__, "--grace-s", str(grace_s), "--", *cmd]
         try:
             super().__init__(argv, stdin=read, start_new_session=True, **kwargs)
         except BaseException:
