@@ -125,9 +125,8 @@ def program_paths(program: Path, env_path: str | None = None, *, _depth: int = 0
 def interpreter_paths() -> list[Path]:
     """What this server's Python needs to start: its executable and prefixes (a virtual
     environment's and its base's), as given and resolved."""
-    paths: list[Path] = []
-    for prefix in {sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix}:
-        paths.append(Path(prefix))
+    prefixes = (sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix)
+    paths = [Path(p) for p in prefixes]
     if sys.executable:
         paths += program_paths(Path(sys.executable))
     return list(dict.fromkeys(paths))
