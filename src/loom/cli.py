@@ -187,7 +187,8 @@ def serve_actions(
         node = local_cpu_node(settings.cores, settings.memory_gb)
         policy_factory(settings.policy)
         if settings.sandbox.value == "bwrap":
-            probe_bubblewrap()  # refuse to start, saying how to fix it, rather than fail later
+            # refuse to start, saying how to fix it, rather than fail later
+            probe_bubblewrap(binds=settings.sandbox_ro_binds)
     except ConfigError as exc:
         raise typer.BadParameter(str(exc)) from None
     cpus = ",".join(map(str, sorted(c for dom in node.numa for c in dom)))

@@ -1,6 +1,7 @@
 """Containing model-written code: every process an action starts (detached with `setsid` or not)
 dies with it, whatever ends it — its own exit, a timeout, a cancel, its trajectory's end, the
-server's SIGTERM, or a server killed with SIGKILL and started again; under bubblewrap an action
+server's SIGTERM, the server's SIGKILL (its reaper), or a server and reaper both killed with
+SIGKILL and the server started again; under bubblewrap an action
 sees neither other workspaces nor the server, and writes nowhere but its own workspace."""
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from typing import Any
 import httpx
 import pytest
 from action_server_client import Client, procs_with, wait_no_procs
+from process_tree import descendants, wait_descendants, wait_gone
 
+from loom.runtime.actions.cgroups import _v1_bases as cgroups_v1_bases
 from loom.runtime.actions.cgroups import cgroups_missing
 from loom.runtime.actions.sandbox import bubblewrap_missing
 
@@ -185,11 +188,20 @@ def server_process(tmp_path: Path) -> Iterator[Callable[[], tuple[subprocess.Pop
     """Start `loom serve actions` as a process of its own; each call starts another."""
     procs: list[subprocess.Popen[bytes]] = []
 
-    def start(sandbox: str = SANDBOX) -> tuple[subprocess.Popen[bytes], str]:
+    def start(
+        sandbox: str = SANDBOX, cgroups: bool = True, workdir: bool = True
+    ) -> tuple[subprocess.Popen[bytes], str]:
+        """`workdir` False: the server's own temporary directory, under tmp_path/tmp."""
         port = _free_port()
+        config = tmp_path / f"server-{port}.toml"
+        config.write_text(f"cgroups = {str(cgroups).lower()}\n")
         cmd = [PY, "-c", "from loom.cli import app; app()", "serve", "actions", "--port", str(port)]
-        cmd += ["--workdir", str(tmp_path / "work"), "--sandbox", sandbox]
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        cmd += ["--sandbox", sandbox, "--config", str(config)]
+        if workdir:
+            cmd += ["--workdir", str(tmp_path / "work")]
+        (tmp_path / "tmp").mkdir(exist_ok=True)
+        env = {**os.environ, "TMPDIR": str(tmp_path / "tmp")}
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
         procs.append(proc)
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 30
@@ -225,18 +237,56 @@ def test_sigterm_kills_what_the_actions_started(server_process: Callable[..., An
     assert not wait_no_procs("301.5"), "a detached child outlived the server's SIGTERM"
 
 
+def _instance_groups(server_pid: int) -> list[Path]:
+    """The cgroups of the server instances of process `server_pid`, in every hierarchy."""
+    bases, _ = cgroups_v1_bases()
+    assert bases is not None, "this machine's cgroups are v1"
+    return [g for base in bases.values() for g in base.glob(f"loom-{server_pid}-*")]
+
+
+@pytest.mark.parametrize(
+    ("sandbox", "cgroups"),
+    [("none", True), ("none", False), pytest.param("bwrap", True, marks=needs_bwrap)],
+)
+def test_sigkill_of_the_server_ends_its_running_actions(
+    server_process: Callable[..., Any], sandbox: str, cgroups: bool, tmp_path: Path
+) -> None:
+    marker = f"301.7{sandbox == 'bwrap':d}{cgroups:d}"
+    proc, url = server_process(sandbox, cgroups, workdir=False)
+    if cgroups:  # a grandchild in a session of its own: only the cgroups hold it
+        _submit(url, trajectory_id="t", command=_hold(marker))
+    else:  # without cgroups an action is its session (a `setsid` escapes it, and the reaper)
+        _submit(url, trajectory_id="t", command=["bash", "-c", f"sleep {marker} & sleep 60"])
+    _wait_running(marker)
+    tree = wait_descendants(proc.pid, 4)  # the reaper and the action's processes
+    assert any("loom.runtime.reaper" in p.command for p in tree)
+    assert bool(_instance_groups(proc.pid)) == cgroups
+    assert [p.name[:13] for p in tmp_path.joinpath("tmp").iterdir()] == ["loom-actions-"]
+    proc.kill()  # SIGKILL: nothing of the server runs its cleanup
+    proc.wait()
+    assert wait_gone(tree) == {}, "processes of the server outlived it"
+    assert not procs_with(marker)
+    assert _instance_groups(proc.pid) == [], "the dead server's cgroups are left"
+    assert list(tmp_path.joinpath("tmp").iterdir()) == [], "its temporary workspaces are left"
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"{url}/healthz", trust_env=False)
+
+
 def test_a_restarted_server_kills_what_a_killed_one_left(
     server_process: Callable[..., Any],
 ) -> None:
-    # unsandboxed: bubblewrap's --die-with-parent would end the action with the server, and
-    # the cgroups are what this tests
+    # unsandboxed (bubblewrap's --die-with-parent would end the action with the server), and
+    # the reaper killed with the server (it would end the action too): the cgroups are left
     proc, url = server_process("none")
     _submit(url, trajectory_id="t", command=_hold("301.6"))
     _wait_running("301.6")
+    reaper = [p for p in descendants(proc.pid) if "loom.runtime.reaper" in p.command]
+    assert len(reaper) == 1
+    os.kill(reaper[0].pid, signal.SIGKILL)
     proc.kill()  # SIGKILL: nothing of the server runs its cleanup
     proc.wait()
     time.sleep(0.3)
-    assert procs_with("301.6"), "the action should have outlived a server killed with SIGKILL"
+    assert procs_with("301.6"), "the action should have outlived its server and reaper"
     server_process()  # the next server on this machine removes the dead one's groups
     assert not wait_no_procs("301.6"), "the restarted server left the orphans running"
 

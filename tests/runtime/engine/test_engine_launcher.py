@@ -1,12 +1,17 @@
-"""The engine launcher: its configuration, its command line, and its errors."""
+"""The engine launcher: its configuration, its command line, its errors, and an engine that
+ends with its launcher however the launcher dies."""
 
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
+from process_tree import descendants, wait_gone
 
 from loom.core.errors import ConfigError
 from loom.runtime.engine import (
@@ -16,6 +21,7 @@ from loom.runtime.engine import (
     EngineStartError,
     EngineUnavailableError,
     engine_available,
+    free_port,
     launcher,
 )
 
@@ -107,3 +113,43 @@ def test_cli_serve_engine_checks_its_flags(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(launcher, "engine_available", lambda: False)
     missing = runner.invoke(app, ["serve", "engine"])
     assert missing.exit_code == 1 and INSTALL_HINT in missing.output
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+@pytest.mark.skipif(not engine_available(), reason=f"vLLM is not installed: {INSTALL_HINT}")
+def test_sigkill_of_loom_serve_engine_ends_its_engine(tmp_path: Path) -> None:
+    # as an out-of-memory killer ends it: nothing of the launcher runs its cleanup
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "loom.cli", "serve", "engine", "--port", str(port)]
+    with (tmp_path / "serve.log").open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    tree = []
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=2, trust_env=False).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            log = (tmp_path / "serve.log").read_text(errors="replace")
+            assert proc.poll() is None, f"loom serve engine exited:\n{log}"
+            assert time.monotonic() < deadline, f"the engine was not healthy in time:\n{log}"
+            time.sleep(0.5)
+        tree = descendants(proc.pid)
+        commands = " | ".join(p.command for p in tree)
+        # the tether, vLLM's API server, its engine core and worker (and a resource tracker)
+        assert len(tree) >= 4 and "vllm.entrypoints.openai.api_server" in commands, commands
+        proc.kill()
+        proc.wait()
+        assert wait_gone(tree, timeout_s=60) == {}, "processes of the engine outlived it"
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"{url}/health", timeout=2, trust_env=False)
+    finally:
+        proc.kill()
+        proc.wait()
+        for p in tree:
+            if p.alive:
+                p.kill()

@@ -3,8 +3,14 @@ engines joining the serving router, lookup by name, teardown, and the errors a u
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import os
+import re
+import signal
+import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -152,16 +158,10 @@ def test_cli_ray_flags_need_ray(flag: list[str]) -> None:
     assert result.exit_code == 2 and "--ray" in result.output
 
 
-@pytest.mark.ray
-@pytest.mark.slow
-@requires_ray
-def test_serve_on_a_shared_cluster_leaves_nothing_behind_on_sigterm(cluster: Any) -> None:
-    # `loom serve rollout --ray` joins the running cluster (as on a shared one, whose life is
-    # not the command's): SIGTERM must stop its detached actors and remove its placement group.
-    import os
-    import signal
-    import subprocess
-
+def _serve(cluster: Any) -> tuple[subprocess.Popen[str], list[str], list[str]]:
+    """`loom serve rollout --ray` with two stand-in engines on the running `cluster` (as on a
+    shared one, whose life is not the command's), once every engine joined: the process,
+    its output so far and the URLs it announced (the router's, then each engine's)."""
     address = cluster.get_runtime_context().gcs_address
     cmd = [sys.executable, "-m", "loom.cli", "serve", "rollout", "--ray", "--ray-address"]
     cmd += [address, "--engines", "2", "--engine-kind", "standin", "--engine-gpus", "0"]
@@ -178,10 +178,93 @@ def test_serve_on_a_shared_cluster_leaves_nothing_behind_on_sigterm(cluster: Any
         names = {a["name"] for a in cluster.util.list_named_actors(all_namespaces=True)}
         engines = {f"loom-rollout-router/engine-{i}" for i in (0, 1)}
         assert names == {"loom-rollout-router", *engines}
+    except BaseException:
+        proc.kill()
+        proc.communicate()
+        raise
+    urls = re.findall(r"http://127\.0\.0\.1:\d+", "".join(lines))
+    assert len(set(urls)) == 3, "".join(lines)
+    return proc, lines, list(dict.fromkeys(urls))
+
+
+def _answering(urls: list[str]) -> list[str]:
+    up = []
+    for url in urls:
+        with contextlib.suppress(httpx.TransportError):
+            httpx.get(f"{url}/health", timeout=2, trust_env=False)
+            up.append(url)
+    return up
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@requires_ray
+def test_serve_on_a_shared_cluster_leaves_nothing_behind_on_sigterm(cluster: Any) -> None:
+    # SIGTERM must stop its actors and remove its placement group
+    proc, lines, urls = _serve(cluster)
+    try:
         os.kill(proc.pid, signal.SIGTERM)
         rest, _ = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
+            proc.communicate()
     assert "stopped the router and 2 engines" in rest, "".join(lines) + rest
     assert wait_empty(cluster) == ([], [])
+    assert _answering(urls) == []
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@requires_ray
+def test_serve_killed_with_sigkill_leaves_nothing_behind(cluster: Any) -> None:
+    # nothing of the command runs its teardown: its actors are its own (not detached), so
+    # Ray ends them and the placement group with the driver, and each engine's tether ends
+    # the engine's process with its actor
+    proc, _, urls = _serve(cluster)
+    proc.kill()
+    proc.communicate()
+    assert wait_empty(cluster, timeout_s=60) == ([], [])
+    deadline = time.monotonic() + 60
+    while (up := _answering(urls)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert up == [], "the router or an engine still answers"
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@requires_ray
+def test_a_detached_deployment_outlives_its_driver_until_shut_down(cluster: Any) -> None:
+    address = cluster.get_runtime_context().gcs_address
+    code = textwrap.dedent(
+        f"""
+        import time
+        from loom.runtime.rollout import RolloutServerConfig
+        from loom.runtime.rollout.ray_deploy import EngineLauncher, RayDeployConfig, deploy
+        config = RayDeployConfig(
+            engines=1, gpus=0, launcher=EngineLauncher.STANDIN, host="127.0.0.1",
+            namespace="loom-test", address={address!r}, detached=True,
+        )
+        rollout = deploy(config, RolloutServerConfig(port=0))
+        print(rollout.url, flush=True)
+        time.sleep(600)
+        """
+    )
+    driver = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert driver.stdout is not None
+        url = driver.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:"), url
+    finally:
+        driver.kill()
+        driver.communicate()
+    left = leftovers(cluster)
+    assert sorted(a["name"] for a in left[0]) == [
+        "loom-rollout-router",
+        "loom-rollout-router/engine-0",
+    ]
+    assert left[1] == ["loom-rollout-router/engines"]
+    assert _answering([url]) == [url]
+    connect(namespace="loom-test").shutdown()
+    assert wait_empty(cluster) == ([], [])
+    assert _answering([url]) == []

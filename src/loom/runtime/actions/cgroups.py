@@ -5,9 +5,10 @@ group per trajectory (its `memory_gb` over all its processes).
 Groups live below the server's own cgroup in each hierarchy (so the limits of whatever runs
 the server still hold), under a root named for this server instance: `loom-<pid>-<start>-<n>`,
 the process id, its start time in clock ticks (`/proc/<pid>/stat`: no other process shares
-both) and the server's number within the process. A server that starts removes the roots of
-instances that are gone (a server killed with SIGKILL leaves its groups and their processes
-behind), killing what runs in them."""
+both) and the server's number within the process. When a server dies, its reaper
+(`loom.runtime.reaper`) removes its root, killing what runs in it; a server that starts also
+removes the roots of instances that are gone (a server killed together with its reaper leaves
+its groups and their processes behind), killing what runs in them."""
 
 from __future__ import annotations
 
@@ -24,7 +25,14 @@ from pathlib import Path
 
 from loom.core.errors import LoomError
 
-__all__ = ["ActionGroup", "CgroupError", "Cgroups", "cgroups_missing", "probe_cgroups"]
+__all__ = [
+    "ActionGroup",
+    "CgroupError",
+    "Cgroups",
+    "cgroups_missing",
+    "probe_cgroups",
+    "remove_root",
+]
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +128,25 @@ def _kill_procs(groups: list[Path], freezers: list[Path]) -> None:
 
 def _all_procs(groups: list[Path]) -> set[int]:
     return {p for g in groups for p in _procs(g)}
+
+
+def remove_root(version: int, bases: dict[str, Path], root: str) -> None:
+    """Kill every process of the server instance `root` and remove its groups (in each of
+    `bases`, the server's own cgroup per hierarchy)."""
+    ctls = V1_CONTROLLERS if version == 1 else ("unified",)
+    tops = [Path(bases[ctl]) / root for ctl in ctls]
+    freezers = [Path(bases["freezer"]) / root] if version == 1 else []
+    if version == 2:
+        for top in tops:
+            with contextlib.suppress(OSError):
+                top.joinpath("cgroup.kill").write_text("1")
+    _kill_procs(tops, [f for f in freezers if f.exists()])
+    deadline = time.monotonic() + _EMPTY_WAIT_S
+    while not all(_rmdir_tree(t) for t in tops):
+        if time.monotonic() > deadline:
+            log.warning("cgroups of %s did not empty; left in place", root)
+            return
+        time.sleep(0.005)
 
 
 @dataclass
@@ -265,19 +292,12 @@ class Cgroups:
     # stale instances ---------------------------------------------------------------------
 
     def _remove_root(self, root: str) -> None:
-        tops = [self.bases[ctl] / root for ctl in self._hierarchies()]
-        freezers = [self.bases["freezer"] / root] if self.version == 1 else []
-        if self.version == 2:
-            for top in tops:
-                with contextlib.suppress(OSError):
-                    top.joinpath("cgroup.kill").write_text("1")
-        _kill_procs(tops, [f for f in freezers if f.exists()])
-        deadline = time.monotonic() + _EMPTY_WAIT_S
-        while not all(_rmdir_tree(t) for t in tops):
-            if time.monotonic() > deadline:
-                log.warning("cgroups of %s did not empty; left in place", root)
-                return
-            time.sleep(0.005)
+        remove_root(self.version, self.bases, root)
+
+    def spec(self) -> dict[str, object]:
+        """What `remove_root` needs to remove this instance from another process (JSON)."""
+        bases = {ctl: str(path) for ctl, path in self.bases.items()}
+        return {"version": self.version, "bases": bases, "root": self.root}
 
     def stale_roots(self) -> list[str]:
         """Roots of server instances that are gone, in any of this server's hierarchies."""

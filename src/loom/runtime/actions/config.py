@@ -132,6 +132,12 @@ class ActionServerConfig(_Settings):
     sandbox: SandboxKind = Field(
         default=SandboxKind.BWRAP, description="isolate CPU actions with bubblewrap, or none"
     )
+    sandbox_ro_binds: tuple[Path, ...] = Field(
+        default=(),
+        description="paths every sandboxed action sees read-only wherever they are, /tmp "
+        "included (the server's interpreter and each command's executable are shown anyway); "
+        "neither / nor /tmp itself: an action's /tmp stays its own",
+    )
     network: bool = Field(
         default=True, description="actions may ask for the network; False refuses them"
     )
@@ -168,6 +174,14 @@ class ActionServerConfig(_Settings):
             dup = {n for n in names if names.count(n) > 1}
             if dup:
                 raise ValueError(f"duplicate {what} names: {sorted(dup)}")
+        for path in self.sandbox_ro_binds:
+            if not path.is_absolute():
+                raise ValueError(f"sandbox_ro_binds: {str(path)!r} is not an absolute path")
+            if Path("/tmp").is_relative_to(path.resolve()):
+                raise ValueError(
+                    f"sandbox_ro_binds: {str(path)!r} would show the host's /tmp to every "
+                    "action (an action's /tmp stays its own); list what it needs below /tmp"
+                )
         if self.cores is not None and len(set(self.cores)) != len(self.cores):
             raise ValueError("cores lists a core twice")
         if self.token is None and not _loopback(self.host):

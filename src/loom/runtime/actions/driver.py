@@ -37,6 +37,7 @@ from loom.runtime.actions.schemas import ActionRequest, CpuRange, ServerStats, T
 from loom.runtime.actions.service_host import ServiceHost
 from loom.runtime.actions.service_models import TORCH_HINT, torch_available
 from loom.runtime.actions.workspace import Workspaces
+from loom.runtime.reaper import Reaper
 
 __all__ = ["ActionDriver", "ServerClosingError", "UnknownActionError", "policy_factory"]
 
@@ -92,6 +93,7 @@ class ActionDriver:
         self.workspaces = Workspaces(config.workdir)
         self.sandbox, self._notes = self._sandbox(config)
         self.cgroups: Cgroups | None = None  # at start()
+        self._reaper: Reaper | None = None  # at start()
         self.processes = ProcessExecutor(
             config.max_output_bytes, sandbox=self.sandbox, linger_s=config.linger_s
         )
@@ -119,7 +121,8 @@ class ActionDriver:
     def _sandbox(self, config: ActionServerConfig) -> tuple[Bubblewrap | None, list[str]]:
         """Bubblewrap; a ConfigError when asked for and unusable: the server must not start."""
         if config.sandbox is SandboxKind.BWRAP:
-            return probe_bubblewrap(hide=(self.workspaces.root,)), []
+            box = probe_bubblewrap(hide=(self.workspaces.root,), binds=config.sandbox_ro_binds)
+            return box, []
         note = "--sandbox none: actions see the whole machine and the network"
         log.warning("running actions without a sandbox: %s", note)
         return None, [note]
@@ -155,6 +158,12 @@ class ActionDriver:
         assert self._loop_task is None, "the driver is already started"
         self.cgroups, notes = await asyncio.to_thread(self._cgroups, self.config)
         self.processes.cgroups = self.cgroups
+        self._reaper = await asyncio.to_thread(
+            Reaper.start,
+            cgroups=None if self.cgroups is None else self.cgroups.spec(),
+            remove=(self.workspaces.root,) if self.workspaces.owned else (),
+        )
+        self.processes.reaper = self._reaper
         self._notes += notes
         self._loop_task = asyncio.create_task(self._loop(), name="action-scheduler")
         self._housekeeper = asyncio.create_task(self._housekeeping(), name="action-housekeeping")
@@ -186,6 +195,8 @@ class ActionDriver:
         for ex in self._executors.values():
             await ex.close()
         self.workspaces.close()
+        if self._reaper is not None:
+            await asyncio.to_thread(self._reaper.close)
         lost = [r.id for r in self._records.values() if not r.status.terminal]
         assert not lost, f"actions left without a terminal state: {lost}"
 

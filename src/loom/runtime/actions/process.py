@@ -6,7 +6,8 @@ of the server but the read-only system and its own workspace. Without cgroups th
 back to a session killed as a group and an address-space limit of `memory_gb` per process.
 
 An action ends when its main process exits: its status comes from that exit code, and what
-it left running is killed after `linger_s`."""
+it left running is killed after `linger_s`. If the server dies (SIGKILL included), its reaper
+(`loom.runtime.reaper`) kills the sessions of the actions still running and their cgroups."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ from loom.core.actions import ActionStatus
 from loom.runtime.actions.cgroups import ActionGroup, CgroupError, Cgroups
 from loom.runtime.actions.executor import ExecContext
 from loom.runtime.actions.record import Outcome
-from loom.runtime.actions.sandbox import Bubblewrap, minimal_env
+from loom.runtime.actions.sandbox import Bubblewrap, minimal_env, program_paths
+from loom.runtime.reaper import Reaper
 
 __all__ = ["OutputTail", "ProcessExecutor", "kill_session"]
 
@@ -91,19 +93,21 @@ def _after_spawn(pid: int, cores: frozenset[int]) -> None:
         resource.prlimit(pid, resource.RLIMIT_CORE, (0, 0))
 
 
-def _missing(prog: str, cwd: Path, env: dict[str, str]) -> str | None:
-    """Why program `prog` cannot be run, checked before spawning: once wrapped in a shell and
-    a sandbox, a missing program would be only an exit code."""
+def _locate(prog: str, cwd: Path, env: dict[str, str]) -> Path | str:
+    """Where program `prog` is (an absolute path), or why it cannot be run, checked before
+    spawning: once wrapped in a shell and a sandbox, a missing program would be only an exit
+    code."""
     if "/" in prog:
         path = cwd / prog
         if not path.exists():
             return f"cannot run {prog!r}: No such file or directory"
         if path.is_dir() or not os.access(path, os.X_OK):
             return f"cannot run {prog!r}: Permission denied"
-        return None
-    if shutil.which(prog, path=env.get("PATH")) is None:
+        return Path(os.path.abspath(path))
+    found = shutil.which(prog, path=env.get("PATH"))
+    if found is None:
         return f"cannot run {prog!r}: not found on PATH ({env.get('PATH')})"
-    return None
+    return Path(os.path.abspath(found))
 
 
 async def _exited(pid: int) -> None:
@@ -145,6 +149,7 @@ class ProcessExecutor:
         self.cgroups = cgroups
         self.sandbox = sandbox
         self.linger_s = linger_s
+        self.reaper: Reaper | None = None  # ends the actions' sessions if the server dies
         self._home: set[int] | None = None  # the spawning thread's own CPU mask
 
     def _env(self, ctx: ExecContext) -> dict[str, str]:
@@ -157,11 +162,17 @@ class ProcessExecutor:
             env[req.parallel_env] = str(len(start.cores))
         return env
 
-    def _argv(self, ctx: ExecContext, env: dict[str, str], group: ActionGroup | None) -> list[str]:
+    def _argv(
+        self, ctx: ExecContext, env: dict[str, str], group: ActionGroup | None, program: Path
+    ) -> list[str]:
         argv = list(ctx.request.command or ())
         if self.sandbox is not None:
             argv = self.sandbox.argv(
-                argv, workspace=ctx.workspace, env=env, network=ctx.request.network
+                argv,
+                workspace=ctx.workspace,
+                env=env,
+                network=ctx.request.network,
+                reveal=program_paths(program, env.get("PATH")),
             )
         if group is not None:
             argv = ["/bin/sh", "-c", _JOIN, "sh", *map(str, group.procs_files), "--", *argv]
@@ -201,9 +212,10 @@ class ProcessExecutor:
         mem = ctx.request.memory_gb
         pinned = frozenset(ctx.start.cores)
         env = self._env(ctx)
-        if (missing := _missing(prog, ctx.workspace, env)) is not None:
-            return Outcome(status=ActionStatus.FAILED, error=missing)
-        argv = self._argv(ctx, env, group)
+        program = _locate(prog, ctx.workspace, env)
+        if isinstance(program, str):
+            return Outcome(status=ActionStatus.FAILED, error=program)
+        argv = self._argv(ctx, env, group, program)
         if self._home is None:
             self._home = os.sched_getaffinity(0)
         # NOTE: the child inherits the spawning thread's CPU mask. Setting this (event loop)
@@ -229,6 +241,8 @@ class ProcessExecutor:
             return Outcome(status=ActionStatus.FAILED, error=f"cannot run {argv[0]!r}: {reason}")
         finally:
             os.sched_setaffinity(0, self._home)
+        if self.reaper is not None:
+            self.reaper.track(proc.pid)  # its session's id
         _after_spawn(proc.pid, pinned)
         ctx.started()
         out, err = OutputTail(self.max_output_bytes), OutputTail(self.max_output_bytes)
@@ -249,6 +263,8 @@ class ProcessExecutor:
             if group is not None:
                 await asyncio.to_thread(group.kill)
             kill_session(proc.pid)
+            if self.reaper is not None:
+                self.reaper.forget(proc.pid)  # before it is reaped, while its pid is its own
             await proc.wait()
             _, pending = await asyncio.wait(readers, timeout=_DRAIN_S)
             for r in pending:  # a process that left the session still holds a pipe

@@ -15,7 +15,7 @@ class Workspaces:
     """Directories under `root` (a fresh temporary directory, removed on `close`, when None)."""
 
     def __init__(self, root: Path | None) -> None:
-        self._owned = root is None
+        self.owned = root is None  # a temporary directory, removed with the server
         self.root = Path(tempfile.mkdtemp(prefix="loom-actions-")) if root is None else root
         self.root.mkdir(parents=True, exist_ok=True)
         self._base = self.root / "trajectories"
@@ -41,5 +41,5 @@ class Workspaces:
         return True
 
     def close(self) -> None:
-        if self._owned:
+        if self.owned:
             shutil.rmtree(self.root, ignore_errors=True)

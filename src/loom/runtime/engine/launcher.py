@@ -1,5 +1,6 @@
 """vLLM's OpenAI-compatible server as a child process on the CPU: started on a model (the tiny
-one by default), ready once `/health` answers, stopped with its whole process group."""
+one by default), ready once `/health` answers, stopped with its whole process group, which
+also ends when the process that started it dies (however it dies: see `loom.runtime.tether`)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import httpx
 
 from loom.core.errors import ConfigError, LoomError
 from loom.runtime.engine.model import DEFAULT_CACHE_DIR, TinyModelSpec, build_tiny_model
+from loom.runtime.tether import Tethered
 
 __all__ = [
     "INSTALL_HINT",
@@ -205,9 +207,7 @@ class EngineProcess:
     """One running engine. `EngineProcess.start(...)` returns once it is healthy; use it as a
     context manager, or call `stop()`, so that its process group is ended."""
 
-    def __init__(
-        self, config: EngineConfig, proc: subprocess.Popen[bytes], port: int, log_path: Path
-    ) -> None:
+    def __init__(self, config: EngineConfig, proc: Tethered, port: int, log_path: Path) -> None:
         self.config = config
         self.port = port
         self.log_path = log_path
@@ -236,13 +236,15 @@ class EngineProcess:
             os.close(fd)
             log_path = Path(name)
         with log_path.open("ab") as out:
-            proc = subprocess.Popen(
+            # NOTE: vLLM's API server starts an engine core, workers and a resource tracker,
+            # all in its process group (stop() signals the group); a tether in the group ends
+            # it when this process dies, SIGKILL included, so that no engine is left holding
+            # memory and answering on its port once its launcher is gone.
+            proc = Tethered(
                 config.command(model, port),
-                stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=config.environment(),
-                start_new_session=True,  # its own process group: stop() ends every child
             )
         engine = cls(config, proc, port, log_path)
         log.info("engine pid %d starting on %s (log %s)", proc.pid, engine.url, log_path)

@@ -1,5 +1,12 @@
-"""The rollout router and its engines on a Ray cluster: the router as a named detached actor,
-the engines as actors in one placement group, each registering with the router as it comes up.
+"""The rollout router and its engines on a Ray cluster: the router as a named actor, the
+engines as actors in one placement group, each registering with the router as it comes up.
+
+Whose the deployment is. By default the actors and the placement group belong to the driver
+that deployed them (`loom serve rollout --ray`, a training script): Ray ends them when that
+driver exits or dies, SIGKILL included, and each engine's process ends with its actor (the
+engine is tethered to the actor's worker: `loom.runtime.tether`), so a killed driver leaves no
+router answering and no GPUs reserved. `detached=True` makes a deployment that outlives its
+driver, for other drivers to `connect()` to; it runs until one of them shuts it down.
 
 How engines map to bundles. Each engine is ONE bundle, `{"GPU": tp, "CPU": cpus}`, and
 one actor that holds all of it; the engine's process (with its tensor-parallel workers, vLLM's
@@ -108,6 +115,13 @@ class RayDeployConfig:
     )
     name: str = field(default="loom-rollout-router", metadata={"help": "the router actor's name"})
     namespace: str = field(default="loom", metadata={"help": "Ray namespace of the actors"})
+    detached: bool = field(
+        default=False,
+        metadata={
+            "help": "outlive the driver that deploys it (until connect(...).shutdown()); "
+            "False: Ray ends the actors and the placement group when the driver exits or dies"
+        },
+    )
     host: str | None = field(
         default=None, metadata={"help": "address every actor binds; None: its node's IP"}
     )
@@ -155,6 +169,11 @@ class RayDeployConfig:
             except ValueError:
                 choices = ", ".join(k.value for k in kind)
                 raise ConfigError(f"{name} must be one of {choices}, got {value!r}") from None
+
+    @property
+    def lifetime(self) -> str | None:
+        """Ray's `lifetime` of the actors and the placement group."""
+        return "detached" if self.detached else None
 
     @property
     def engine_gpus(self) -> int:
@@ -260,7 +279,7 @@ class RayRollout:
             .options(
                 name=config.name,
                 namespace=config.namespace,
-                lifetime="detached",
+                lifetime=config.lifetime,
                 num_cpus=config.router_cpus,
                 max_restarts=0,
             )
@@ -295,7 +314,7 @@ class RayRollout:
             actor = remote.options(
                 name=name,
                 namespace=config.namespace,
-                lifetime="detached",
+                lifetime=config.lifetime,
                 num_gpus=config.engine_gpus,
                 num_cpus=config.cpus,
                 max_concurrency=2,  # stop() while start() runs
@@ -360,7 +379,8 @@ def connect(
     name: str = "loom-rollout-router", namespace: str = "loom", address: str | None = "auto"
 ) -> RayRollout:
     """The deployment named `name`, from any driver of the cluster (joining the cluster at
-    `address` if this process is not in one yet); DeployError if there is none."""
+    `address` if this process is not in one yet); DeployError if there is none. A deployment
+    that is not detached lives only as long as the driver that deployed it."""
     ray = require_ray()
     _init(ray, address, namespace)
     try:
@@ -391,7 +411,8 @@ def serve_ray(
     and tear the deployment down on SIGINT or SIGTERM."""
     ray = require_ray()
     # Ray's core worker installs its own SIGTERM handler at init, which dies without tearing
-    # anything down (detached actors would outlive us on a shared cluster): ours goes after.
+    # anything down (Ray would end our actors, but not say so, nor stop the router's turns
+    # gracefully): ours goes after. A SIGKILL ends them too: they are not detached.
     _init(ray, config.address, config.namespace)
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
@@ -448,7 +469,7 @@ def _reserve(ray: ModuleType, config: RayDeployConfig) -> Any:
         [bundle] * config.engines,
         strategy=config.strategy.value,
         name=f"{config.name}/engines",
-        lifetime="detached",
+        lifetime=config.lifetime,
     )
     if pg.wait(timeout_seconds=config.placement_timeout_s):
         return pg

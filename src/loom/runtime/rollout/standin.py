@@ -22,8 +22,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -33,6 +36,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+
+from loom.runtime.tether import Tethered
 
 __all__ = ["StandinEngine", "StandinProcess", "next_token"]
 
@@ -391,7 +396,9 @@ class StandinProcess:
     `args` are extra command-line flags (e.g. "--step-ms", "5")."""
 
     def __init__(self, *args: str) -> None:
-        self.proc = subprocess.Popen(
+        # tethered: it ends with the process that started it (a Ray actor killed with its
+        # driver, a test killed by a timeout), SIGKILL included
+        self.proc = Tethered(
             [sys.executable, "-m", "loom.runtime.rollout.standin", "--port", "0", *args],
             stdout=subprocess.PIPE,
             text=True,
@@ -406,7 +413,8 @@ class StandinProcess:
 
     def stop(self) -> None:
         if self.proc.poll() is None:
-            self.proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)  # the engine and its tether
         self.proc.wait(10)
         if self.proc.stdout is not None:
             self.proc.stdout.close()

@@ -1,0 +1,103 @@
+"""A tethered command and everything it starts end when the parent dies, SIGKILL included, and
+also when the parent's killer kills the parent's direct children first (as Ray does); the
+parent sees the command's own pid and exit status; the tether ends what the command left and
+escalates to SIGKILL when the group ignores SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from process_tree import descendants, wait_descendants, wait_gone
+
+from loom.runtime.tether import Tethered, group_members
+
+
+def _parent(command: list[str]) -> subprocess.Popen[str]:
+    """A Python process that tethers `command`, prints the command's pid and sleeps."""
+    code = textwrap.dedent(
+        f"""
+        import time
+        from loom.runtime.tether import Tethered
+        child = Tethered({command!r})
+        print(child.pid, flush=True)
+        time.sleep(600)
+        """
+    )
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+
+
+@pytest.mark.parametrize("children_first", [False, True])
+def test_sigkill_of_the_parent_ends_the_whole_group(children_first: bool) -> None:
+    # a shell with a child in the foreground and one in the background, in the group
+    parent = _parent(["bash", "-c", "sleep 3001 & sleep 3002 & wait"])
+    try:
+        assert parent.stdout is not None
+        command = int(parent.stdout.readline())
+        tree = wait_descendants(parent.pid, 4)  # bash, the tether, two sleeps
+        assert tree[0].pid == command and tree[0].command.startswith("bash -c sleep 3001")
+        assert sorted(group_members(command)) == sorted(p.pid for p in tree)
+        if children_first:  # as Ray ends an actor's worker: its children, then the worker
+            os.kill(command, signal.SIGKILL)
+        parent.kill()
+        parent.wait()
+        assert wait_gone(tree) == {}
+    finally:
+        parent.kill()
+        parent.wait()
+        if parent.stdout is not None:
+            parent.stdout.close()
+
+
+def test_the_exit_status_is_the_commands() -> None:
+    assert Tethered(["sh", "-c", "exit 3"]).wait(30) == 3
+    assert Tethered(["sh", "-c", "kill -9 $$"]).wait(30) == -signal.SIGKILL
+
+
+def test_what_the_command_left_ends_with_it() -> None:
+    proc = Tethered(["bash", "-c", "sleep 3003 & echo started"], stdout=subprocess.PIPE)
+    out, _ = proc.communicate(timeout=30)
+    assert out == b"started\n" and proc.returncode == 0
+    deadline = time.monotonic() + 30
+    while (left := group_members(proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert left == []
+
+
+def test_release_ends_the_group_and_a_signal_is_the_commands() -> None:
+    released = Tethered(["sleep", "3004"])
+    tree = wait_descendants(released.pid, 1)
+    released.release()
+    assert released.wait(30) == -signal.SIGTERM
+    assert wait_gone(tree) == {}
+    # a signal to the command alone (not its group) is the command's
+    signalled = Tethered(["sleep", "3005"])
+    wait_descendants(signalled.pid, 1)
+    os.kill(signalled.pid, signal.SIGTERM)
+    assert signalled.wait(30) == -signal.SIGTERM
+
+
+def test_a_group_that_ignores_sigterm_is_killed_after_the_grace() -> None:
+    proc = Tethered(["bash", "-c", "trap '' TERM; sleep 3006; true"], grace_s=0.2)
+    tree = wait_descendants(proc.pid, 2)
+    proc.release()
+    assert proc.wait(30) == -signal.SIGKILL
+    assert wait_gone(tree) == {}
+
+
+def test_a_command_that_cannot_start_says_why() -> None:
+    proc = Tethered(["/nonexistent/loom-tool"], stderr=subprocess.PIPE)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 127
+    assert b"cannot run '/nonexistent/loom-tool': No such file or directory" in err
+
+
+def test_the_tether_owns_stdin() -> None:
+    with pytest.raises(TypeError, match="stdin"):
+        Tethered(["true"], stdin=subprocess.DEVNULL)
+    assert descendants(os.getpid()) == []
