@@ -80,8 +80,7 @@ def main() -> None:
     servers = {f"10.0.0.{i}:8000": FakeServer.remote(f"s{i}") for i in range(2)}
     yaml = work / "loom_router.yaml"
     yaml.write_text(
-        "router_class: loom.integrations.verl.LoomLoadBalancer\n"
-        "placement: heddle\nidle_s: 600\n"
+        "router_class: loom.integrations.verl.LoomLoadBalancer\nplacement: heddle\nidle_s: 600\n"
     )
     # way 1: actor_rollout_ref.rollout.router_config_path
     lb = get_router_handle(servers=servers, router_config_path=str(yaml))

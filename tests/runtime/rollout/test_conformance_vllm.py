@@ -71,8 +71,15 @@ def vllm_direct(engine: EngineProcess, prompt: list[int], n: int) -> tuple[list[
     """The same request straight to vLLM: its tokens and logprobs."""
     out = httpx.post(
         engine.url + "/v1/completions",
-        json={"model": engine.model_name, "prompt": prompt, "max_tokens": n, "temperature": 0,
-              "logprobs": 0, "return_token_ids": True, "ignore_eos": True},
+        json={
+            "model": engine.model_name,
+            "prompt": prompt,
+            "max_tokens": n,
+            "temperature": 0,
+            "logprobs": 0,
+            "return_token_ids": True,
+            "ignore_eos": True,
+        },
         timeout=300,
     ).json()["choices"][0]
     return out["token_ids"], out["logprobs"]["token_logprobs"]
@@ -99,8 +106,11 @@ def test_slimes_rollout_request_and_parsing(router: BackgroundRouter, engines) -
 
 def test_slimes_abort_loop_through_the_router(router: BackgroundRouter) -> None:
     with _http(router) as http, ThreadPoolExecutor(6) as pool:
-        body = {"sampling_params": {**slime_sampling(3000), "ignore_eos": True},
-                "return_logprob": True, "input_ids": [3, 4, 5]}
+        body = {
+            "sampling_params": {**slime_sampling(3000), "ignore_eos": True},
+            "return_logprob": True,
+            "input_ids": [3, 4, 5],
+        }
         futures = [pool.submit(http.post, "/generate", json=body) for _ in range(6)]
         deadline = time.monotonic() + 120
         while sum(e["tokens"] for e in http.get("/v1/stats").json()["engines"].values()) < 20:
@@ -110,8 +120,9 @@ def test_slimes_abort_loop_through_the_router(router: BackgroundRouter) -> None:
         for _ in range(100):  # slime's abort_servers_until_idle
             for url in urls:
                 httpx.post(url + "/abort_request", json={"abort_all": True}, timeout=30)
-            loads = [httpx.get(url + "/v1/loads", params={"include": "core"}).json()
-                     for url in urls]
+            loads = [
+                httpx.get(url + "/v1/loads", params={"include": "core"}).json() for url in urls
+            ]
             if sum(x["num_total_reqs"] for load in loads for x in load["loads"]) <= 0:
                 break
             time.sleep(0.1)
@@ -128,7 +139,12 @@ def test_the_openai_client(router: BackgroundRouter, engines) -> None:
     client = openai.OpenAI(base_url=router.url + "/v1", api_key="none", max_retries=0)
     model = engines[0].model_name
     out = client.completions.create(
-        model=model, prompt="bila benu defi", max_tokens=6, temperature=0, logprobs=2, n=2,
+        model=model,
+        prompt="bila benu defi",
+        max_tokens=6,
+        temperature=0,
+        logprobs=2,
+        n=2,
         extra_body={"ignore_eos": True},
     )
     assert [c.index for c in out.choices] == [0, 1]
@@ -138,17 +154,27 @@ def test_the_openai_client(router: BackgroundRouter, engines) -> None:
     assert out.choices[0].text == out.choices[1].text  # greedy: siblings agree
     assert out.usage.completion_tokens == 12
     chat = client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": "defi duli"}], max_tokens=5,
-        temperature=0, logprobs=True, top_logprobs=2, extra_body={"ignore_eos": True},
+        model=model,
+        messages=[{"role": "user", "content": "defi duli"}],
+        max_tokens=5,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+        extra_body={"ignore_eos": True},
     )
     content = chat.choices[0].logprobs.content
     assert len(content) == 5 and all(len(c.top_logprobs) == 2 for c in content)
-    assert "".join(c.token for c in content).replace(" ", "") == \
-        chat.choices[0].message.content.replace(" ", "")
+    assert "".join(c.token for c in content).replace(" ", "") == chat.choices[
+        0
+    ].message.content.replace(" ", "")
     pieces, finish = [], None
     for chunk in client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": "defi duli"}], max_tokens=5,
-        temperature=0, stream=True, stream_options={"include_usage": True},
+        model=model,
+        messages=[{"role": "user", "content": "defi duli"}],
+        max_tokens=5,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
         extra_body={"ignore_eos": True},
     ):
         for c in chunk.choices:
@@ -171,13 +197,22 @@ def test_local_tokenization_equals_the_engines(router: BackgroundRouter, engines
         assert tok.encode(prompt) == want
     for messages in (
         [{"role": "user", "content": "defi duli"}],
-        [{"role": "system", "content": "bila"}, {"role": "user", "content": "benu"},
-         {"role": "assistant", "content": "fofi"}, {"role": "user", "content": "defi"}],
-        [{"role": "user", "content": [{"type": "text", "text": "defi"},
-                                      {"type": "text", "text": "duli"}]}],
+        [
+            {"role": "system", "content": "bila"},
+            {"role": "user", "content": "benu"},
+            {"role": "assistant", "content": "fofi"},
+            {"role": "user", "content": "defi"},
+        ],
+        [
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "defi"}, {"type": "text", "text": "duli"}],
+            }
+        ],
     ):
-        want = httpx.post(url + "/tokenize", json={"messages": messages,
-                                                   "add_generation_prompt": True}).json()
+        want = httpx.post(
+            url + "/tokenize", json={"messages": messages, "add_generation_prompt": True}
+        ).json()
         assert tok.chat({"messages": messages}) == want["tokens"]
 
 
@@ -186,27 +221,43 @@ def test_prompt_logprobs_and_sglang_scoring(router: BackgroundRouter, engines) -
     logprobs, max_new_tokens 0."""
     prompt = [5, 17, 42, 8, 99, 7]
     with _http(router) as http:
-        out = http.post("/generate", json={
-            "input_ids": prompt, "return_logprob": True, "logprob_start_len": 0,
-            "sampling_params": {"temperature": 0, "max_new_tokens": 0}}).json()
-        oa = http.post("/v1/completions", json={
-            "prompt": prompt, "max_tokens": 1, "prompt_logprobs": 1}).json()["choices"][0]
+        out = http.post(
+            "/generate",
+            json={
+                "input_ids": prompt,
+                "return_logprob": True,
+                "logprob_start_len": 0,
+                "sampling_params": {"temperature": 0, "max_new_tokens": 0},
+            },
+        ).json()
+        oa = http.post(
+            "/v1/completions", json={"prompt": prompt, "max_tokens": 1, "prompt_logprobs": 1}
+        ).json()["choices"][0]
     rows = out["meta_info"]["input_token_logprobs"]
     assert out["output_ids"] == [] and [r[1] for r in rows] == prompt and rows[0][0] is None
-    direct = httpx.post(engines[0].url + "/v1/completions", json={
-        "model": engines[0].model_name, "prompt": prompt, "max_tokens": 1,
-        "prompt_logprobs": 0}).json()["choices"][0]["prompt_logprobs"]
+    direct = httpx.post(
+        engines[0].url + "/v1/completions",
+        json={
+            "model": engines[0].model_name,
+            "prompt": prompt,
+            "max_tokens": 1,
+            "prompt_logprobs": 0,
+        },
+    ).json()["choices"][0]["prompt_logprobs"]
     for i in range(1, len(prompt)):
         want = direct[i][str(prompt[i])]["logprob"]
         assert math.isclose(rows[i][0], want, abs_tol=TOL)
-        assert math.isclose(oa["prompt_logprobs"][i][str(prompt[i])]["logprob"], want,
-                            abs_tol=TOL)
+        assert math.isclose(oa["prompt_logprobs"][i][str(prompt[i])]["logprob"], want, abs_tol=TOL)
 
 
 def test_a_streamed_sglang_request_is_cumulative(router: BackgroundRouter) -> None:
     """slime's streaming rollout reads text and logprobs as cumulative in every chunk."""
-    body = {"input_ids": [3, 9, 27], "sampling_params": slime_sampling(8), "return_logprob": True,
-            "stream": True}
+    body = {
+        "input_ids": [3, 9, 27],
+        "sampling_params": slime_sampling(8),
+        "return_logprob": True,
+        "stream": True,
+    }
     chunks = []
     with _http(router) as http, http.stream("POST", "/generate", json=body) as s:
         import json
@@ -227,8 +278,9 @@ def test_weights_versions_reach_the_response(router: BackgroundRouter) -> None:
     with _http(router) as http:
         ids = [e["id"] for e in http.get("/v1/engines").json()["engines"]]
         assert http.put("/v1/weights", json={"version": 3, "engines": ids}).status_code == 200
-        out = http.post("/generate", json={"input_ids": [1, 2], "sampling_params":
-                                           {"max_new_tokens": 2}}).json()
+        out = http.post(
+            "/generate", json={"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}}
+        ).json()
     assert out["meta_info"]["weight_version"] == "3"
 
 
@@ -250,11 +302,15 @@ def test_a_hung_engine_never_holds_a_text_request(engines) -> None:
         os.kill(victim.pid, signal.SIGSTOP)
         try:
             with ThreadPoolExecutor(4) as pool:
-                outs = list(pool.map(
-                    lambda i: http.post("/v1/completions", json={
-                        "prompt": f"defi duli {'bila ' * i}", "max_tokens": 4}),
-                    range(6),
-                ))
+                outs = list(
+                    pool.map(
+                        lambda i: http.post(
+                            "/v1/completions",
+                            json={"prompt": f"defi duli {'bila ' * i}", "max_tokens": 4},
+                        ),
+                        range(6),
+                    )
+                )
         finally:
             os.kill(victim.pid, signal.SIGCONT)
         assert [o.status_code for o in outs] == [200] * 6, [o.text for o in outs]

@@ -7,6 +7,8 @@ and that waiting turns survive."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -25,6 +27,7 @@ from loom.core.errors import Conflict, NotFound
 from loom.runtime.rollout.config import EngineConfig, EngineKind, RolloutServerConfig
 from loom.runtime.rollout.driver import RolloutDriver
 from loom.runtime.rollout.engines import (
+    NO_LOGPROBS,
     Delta,
     Done,
     EngineClient,
@@ -50,7 +53,8 @@ def _turn() -> Turn:
     from loom.runtime.rollout.state import Trajectory
 
     t = Trajectory(traj_id=0, key="k", prompt_id=0, group=None, declared=False, first_arrival_s=0)
-    return Turn(traj=t, index=0, prompt=[1], request=TurnRequest({"max_tokens": 4}), arrival_s=0)
+    req = TurnRequest({"max_tokens": 4}, stream=True)
+    return Turn(traj=t, index=0, prompt=[1], request=req, arrival_s=0)
 
 
 def _go(turn: Turn, target: TurnState) -> None:
@@ -128,7 +132,7 @@ class FakeEngine(EngineClient):
         prompt: list[int],
         sampling: Mapping[str, Any],
         priority: int | None,
-        logprobs: LogprobSpec = LogprobSpec(),
+        logprobs: LogprobSpec = NO_LOGPROBS,
     ) -> AsyncIterator[Delta | Done]:
         if self.dead:
             raise EngineUnreachable(f"{self.url} refused the connection")
@@ -246,9 +250,10 @@ class DriverMachine(RuleBasedStateMachine):
                 LogprobSpec(output=logprobs),
                 client_rid=f"rid{len(self.turns)}",
                 priority=priority,
+                stream=True,
             )
             try:
-                turns = self._do(lambda: self.driver.submit(key, prompt, req, n=n))
+                turns = self._do(functools.partial(self.driver.submit, key, prompt, req, n=n))
             except Exception as exc:  # no live engine: refused up front, nothing accepted
                 assert "no live engine" in str(exc)
                 return
@@ -277,10 +282,8 @@ class DriverMachine(RuleBasedStateMachine):
     @rule(i=st.integers(0, 5), force=st.booleans())
     def drain(self, i, force) -> None:
         if (picked := self._pick(i)) is not None:
-            try:
+            with contextlib.suppress(Conflict, NotFound):
                 self._do(lambda: self.driver.remove_engine(picked[0], force=force))
-            except (Conflict, NotFound):
-                pass
         self._settle()
 
     @precondition(lambda self: self.n_engines < 6)
@@ -374,6 +377,7 @@ class DriverMachine(RuleBasedStateMachine):
     def _ends(self, turn: Turn) -> int:
         # `end` puts one None on the updates queue; drain and count them
         n = 0
+        assert turn.updates is not None
         while not turn.updates.empty():
             if turn.updates.get_nowait() is None:
                 n += 1

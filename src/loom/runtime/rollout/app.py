@@ -230,7 +230,7 @@ def _inference(dialect: Dialect) -> Handler:
         except (asyncio.CancelledError, ConnectionResetError):
             driver.abandon(turns)
             raise
-        driver.metrics.requests.labels(route).observe(time.perf_counter() - started)
+        driver.metrics.route(route).observe(time.perf_counter() - started)
         return resp
 
     return handle
@@ -245,6 +245,7 @@ async def _updates(turns: Sequence[Turn]) -> AsyncIterator[tuple[Turn, Delta | N
     """Each turn's updates as they come, `(turn, None)` once a turn has ended."""
     if len(turns) == 1:
         turn = turns[0]
+        assert turn.updates is not None, "a streamed turn has a feed"
         while (item := await turn.updates.get()) is not None:
             yield turn, item
         yield turn, None
@@ -252,6 +253,7 @@ async def _updates(turns: Sequence[Turn]) -> AsyncIterator[tuple[Turn, Delta | N
     merged: asyncio.Queue[tuple[Turn, Delta | None]] = asyncio.Queue()
 
     async def forward(turn: Turn) -> None:
+        assert turn.updates is not None, "a streamed turn has a feed"
         while True:
             item = await turn.updates.get()
             merged.put_nowait((turn, item))

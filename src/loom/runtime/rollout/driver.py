@@ -169,7 +169,7 @@ class RolloutDriver:
         self._t0 = clock()
         self.trajectories: dict[str, Trajectory] = {}
         self._by_tid: dict[int, Trajectory] = {}
-        self.metrics = RouterMetrics()
+        self.metrics = RouterMetrics(lambda: list(self.engines.values()))
         self.registry = EngineRegistry(
             config, self.metrics, self._by_tid, client_factory=client_factory
         )
@@ -186,6 +186,7 @@ class RolloutDriver:
         self.tokenizer: LocalTokenizer | None = None
         self._tokenizer_tried = False
         self._probing: set[str] = set()  # engines whose health is being checked now
+        self._loop_time: Callable[[], float] = time.monotonic
         self.counts = {
             "decisions": 0,
             "fallbacks": 0,  # the router named a dead or draining engine
@@ -216,6 +217,7 @@ class RolloutDriver:
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout_s),
             connector=aiohttp.TCPConnector(limit=0, force_close=False),
             auto_decompress=False,
+            cookie_jar=aiohttp.DummyCookieJar(),  # engines set none; skip the jar per request
         )
         self.registry.session = self._session
         try:
@@ -224,8 +226,10 @@ class RolloutDriver:
         except BaseException:
             await self._session.close()
             raise
+        self._loop_time = asyncio.get_running_loop().time
         self._spawn(self.registry.health_loop(self))
         self._spawn(self._idle_loop())
+        self._spawn(self._watchdog())
         if self.predictor.due(cfg.refit_every):
             self._spawn(self._refit())
 
@@ -311,7 +315,7 @@ class RolloutDriver:
                 f"engine {e.id} is the last live engine and holds {e.load} turns; "
                 "add another engine before draining it"
             )
-        e.draining = True
+        self.registry.drain(e)
         self._move_waiting(e)
         if force:
             for turn in list(e.running.values()):
@@ -468,7 +472,6 @@ class RolloutDriver:
                 victim.preemptions += 1
                 self._requeue(victim, e, failed=False, here=True)
         self._pump(e)
-        self.metrics.engine_load(e)
 
     def _outranks(self, waiting: tuple[int, float], running: tuple[int, float]) -> bool:
         if waiting[0] != running[0]:  # the clients' priority classes decide first
@@ -485,6 +488,8 @@ class RolloutDriver:
             self._end(turn)
             return
         attempt = turn.run(self.now())
+        turn.progress_t = self._loop_time()
+        turn.attempt_chunks = 0
         e.running[turn.seq] = turn
         e.admitted += 1
         turn.traj.host = e.idx
@@ -501,7 +506,6 @@ class RolloutDriver:
     # ---- attempts ----------------------------------------------------------------------
 
     async def _attempt(self, e: EngineState, turn: Turn, attempt: int) -> None:
-        cfg = self.config
         sampling = turn.attempt_sampling()
         if sampling["max_tokens"] < 1:  # scoring a prompt: engines generate at least one
             sampling["max_tokens"] = 1
@@ -513,34 +517,18 @@ class RolloutDriver:
             self._priority(e, turn),
             turn.attempt_logprobs(),
         )
-        loop = asyncio.get_running_loop()
         done: Done | None = None
-        stall_s = cfg.lent_stall_timeout_s if e.lent else cfg.stall_timeout_s
         try:
-            async with asyncio.timeout(cfg.first_token_timeout_s) as deadline:
-                async for item in stream:
-                    if turn.attempt != attempt:  # superseded (defensive: we were cancelled)
-                        return
-                    if isinstance(item, Delta):
-                        deadline.reschedule(loop.time() + stall_s)
-                        self._receive(e, turn, item)
-                    else:
-                        done = item
-        except TimeoutError:
-            # NOTE: a lent engine that stops a rollout is serving first, not broken (§4.1):
-            # the turn moves, the engine stays in (its health checks judge it) but takes no
-            # rollout turn until its side reports room or slack again.
-            if e.lent and turn.attempt == attempt:
-                self.counts["stalls"] += 1
-                e.stalled = True
-            self._on_failure(e, turn, attempt, f"no token for {stall_s:g} s", down=not e.lent)
-            return
+            async for item in stream:
+                if turn.attempt != attempt:  # superseded (defensive: we were cancelled)
+                    return
+                if isinstance(item, Delta):
+                    self._receive(e, turn, item)
+                else:
+                    done = item
         except EngineRejected as exc:
             if turn.attempt == attempt:
                 self._end(turn, error=exc, engine_done=True)
-            return
-        except EngineUnreachable as exc:
-            self._on_failure(e, turn, attempt, str(exc))
             return
         except EngineError as exc:
             self._on_failure(e, turn, attempt, str(exc))
@@ -564,8 +552,37 @@ class RolloutDriver:
         turn.matched_stop = done.matched_stop
         self._end(turn, engine_done=True)
 
+    async def _watchdog(self) -> None:
+        """Running turns that make no progress: no first token in `first_token_timeout_s`,
+        or no new token in `stall_timeout_s` (`lent_stall_timeout_s` on a lent engine).
+        NOTE: one periodic scan instead of a timer per turn, rescheduled per chunk: a chunk
+        costs a timestamp."""
+        cfg = self.config
+        period = max(0.02, min(cfg.stall_timeout_s, cfg.lent_stall_timeout_s) / 4)
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(period)
+            now = loop.time()
+            for e in list(self.engines.values()):
+                stall = cfg.lent_stall_timeout_s if e.lent else cfg.stall_timeout_s
+                for turn in list(e.running.values()):
+                    limit = stall if turn.attempt_chunks else cfg.first_token_timeout_s
+                    if now - turn.progress_t > limit and turn.engine is e:
+                        self._stalled(e, turn, limit)
+
+    def _stalled(self, e: EngineState, turn: Turn, limit: float) -> None:
+        # NOTE: a lent engine that stops a rollout is serving first, not broken (§4.1): the
+        # turn moves, the engine stays in (its health checks judge it) but takes no rollout
+        # turn until its side reports room or slack again.
+        if e.lent:
+            self.counts["stalls"] += 1
+            e.stalled = True
+        self._on_failure(e, turn, turn.attempt, f"no token for {limit:g} s", down=not e.lent)
+
     def _receive(self, e: EngineState, turn: Turn, item: Delta) -> None:
         """A chunk of the running attempt: tokens, text and logprobs join the turn."""
+        turn.progress_t = self._loop_time()
+        turn.attempt_chunks += 1
         tokens = item.tokens
         if len(tokens) > turn.remaining:  # a scoring attempt's token, or an overshoot
             tokens = tokens[: max(0, turn.remaining)]
@@ -577,7 +594,8 @@ class RolloutDriver:
             if item.tokens:
                 return
             turn.text.append(item.text)
-            turn.updates.put_nowait(item)
+            if turn.updates is not None:
+                turn.updates.put_nowait(item)
             return
         if turn.first_token_s is None:
             turn.first_token_s = self.now()
@@ -586,9 +604,10 @@ class RolloutDriver:
             turn.logprobs.extend(item.logprobs[: len(tokens)])
         turn.version = e.version
         e.tokens += len(tokens)
-        self.metrics.tokens.labels(e.id).inc(len(tokens))
+        self.metrics.engine_tokens(e.id).inc(len(tokens))
         turn.text.append(item.text)
-        turn.updates.put_nowait(item)
+        if turn.updates is not None:
+            turn.updates.put_nowait(item)
 
     def _on_failure(
         self, e: EngineState, turn: Turn, attempt: int, reason: str, *, down: bool = True
@@ -688,7 +707,6 @@ class RolloutDriver:
             self.timing["decode_s"] += now - turn.first_token_s
         if e is not None:
             self._pump(e)
-            self.metrics.engine_load(e)
             self.registry.forget_if_drained(e)
         if not t.active and (t.one_turn or t.ended):
             self._finish(t)
@@ -1048,8 +1066,9 @@ class RolloutDriver:
 
 
 def _prompt_hash(prompt: list[int]) -> int:
-    head = ",".join(map(str, prompt[:256]))
-    return stable_id(head)
+    """A prompt's id from its first 256 tokens, the same in every process (the hash of a
+    tuple of ints does not depend on PYTHONHASHSEED)."""
+    return hash(tuple(prompt[:256])) & (2**56 - 1)
 
 
 def check_config(config: RolloutServerConfig) -> None:

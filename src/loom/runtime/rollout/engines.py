@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+import orjson
+from yarl import URL
 
 from loom.core.errors import UpstreamError
 from loom.runtime.rollout.config import EngineKind
@@ -51,7 +53,9 @@ __all__ = [
     "probe_kind",
 ]
 
-_loads = json.loads
+_loads = orjson.loads
+_dumps = orjson.dumps
+_JSON = {"Content-Type": "application/json"}
 NO_LOGPROBS = LogprobSpec()
 
 
@@ -107,6 +111,7 @@ class EngineClient:
     call_timeout_s: float = 10.0
     model: str = ""
     kind: EngineKind = field(init=False)
+    _urls: dict[str, URL] = field(default_factory=dict, init=False, repr=False)
 
     async def probe(self) -> ModelInfo:
         raise NotImplementedError
@@ -155,7 +160,7 @@ class EngineClient:
             raise EngineUnreachable(f"{where}: {exc}") from exc
         except TimeoutError as exc:
             raise EngineError(f"{where}: no answer in {self.call_timeout_s:g} s") from exc
-        except (aiohttp.ClientError, OSError, json.JSONDecodeError) as exc:
+        except (aiohttp.ClientError, OSError, ValueError) as exc:
             raise EngineError(f"{where}: {exc!r}") from exc
 
     async def _get_json(self, path: str) -> Any:
@@ -169,16 +174,22 @@ class EngineClient:
             raise EngineUnreachable(f"engine {self.url} is unreachable: {exc}") from exc
         except TimeoutError as exc:
             raise EngineError(f"{where}: no answer in {self.call_timeout_s:g} s") from exc
-        except (aiohttp.ClientError, OSError, json.JSONDecodeError) as exc:
+        except (aiohttp.ClientError, OSError, ValueError) as exc:
             raise EngineError(f"{where}: {exc!r}") from exc
+
+    def _url(self, path: str) -> URL:
+        url = self._urls.get(path)
+        if url is None:
+            url = self._urls[path] = URL(f"{self.url}{path}")
+        return url
 
     async def _chunks(self, path: str, body: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """The chunks of a streamed POST; any failure of the engine is an `EngineError`."""
-        where = f"{self.url}{path}"
+        where = self._url(path)
         try:
-            async with self.session.post(where, json=body) as resp:
+            async with self.session.post(where, data=_dumps(body), headers=_JSON) as resp:
                 if resp.status >= 400:
-                    _raise_for(resp.status, await resp.read(), where)
+                    _raise_for(resp.status, await resp.read(), str(where))
                 async for chunk in _sse(resp):
                     if "error" in chunk:
                         raise EngineError(f"engine error mid-stream: {chunk['error']}")
@@ -222,10 +233,13 @@ async def _sse(resp: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
             continue
         payload = raw[5:].strip()
         if payload == b"[DONE]":
+            # NOTE: read the stream to its end, so that the connection goes back to the pool
+            # (a response left unread closes it: a new connection per turn)
+            await resp.read()
             return
         try:
             yield _loads(payload)
-        except json.JSONDecodeError as exc:
+        except ValueError as exc:
             raise EngineError(f"malformed stream chunk {payload[:200]!r}") from exc
 
 
@@ -361,7 +375,7 @@ class VllmEngine(EngineClient):
                 data = _loads(raw)
         except aiohttp.ClientConnectorError as exc:
             raise EngineUnreachable(f"{where}: {exc}") from exc
-        except (aiohttp.ClientError, OSError, json.JSONDecodeError) as exc:
+        except (aiohttp.ClientError, OSError, ValueError) as exc:
             raise EngineError(f"{where}: {exc!r}") from exc
         choices = data.get("choices") or []
         if not choices:

@@ -13,6 +13,7 @@ logprobs included.
 
 from __future__ import annotations
 
+import itertools
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -54,6 +55,9 @@ MAX_N = 256
 DEFAULT_MAX_TOKENS = {"completions": 16, "generate": 128}  # the engines' own defaults
 
 TokenTexts = Callable[[Sequence[int]], list[str]]
+# response ids: unique per router process (a random prefix, then a count), cheaper than uuid4
+_ID_PREFIX = uuid.uuid4().hex[:12]
+_ids = itertools.count()
 
 
 class Dialect(StrEnum):
@@ -82,7 +86,7 @@ class Call:
     body_key: str | None = None  # trajectory id given in the body
     prompt_id: int | None = None
     created: int = field(default_factory=lambda: int(time.time()))
-    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    id: str = field(default_factory=lambda: f"{_ID_PREFIX}{next(_ids):x}")
 
 
 def _reject_constant(name: str) -> Any:
@@ -267,6 +271,7 @@ def parse_call(
         logprobs,
         None if rid is None else _rid(rid, "request_id"),
         int(mine.get("priority", 0)),
+        stream=stream,
     )
     return call
 
@@ -366,6 +371,7 @@ def _parse_generate(
         # NOTE: SGLang runs a higher priority value first; the router's classes run lower first
         -int(mine.get("priority", 0)),
         bool(sampling.get("return_routed_experts", False)),
+        stream=call.stream,
     )
     return call
 
@@ -578,7 +584,7 @@ class Renderer:
             choice["token_ids"] = turn.generated[start:end]
             if first and not chat:
                 choice["prompt_token_ids"] = list(turn.prompt)
-        out = {
+        out: dict[str, Any] = {
             "id": f"{'chatcmpl' if chat else 'cmpl'}-{call.id}",
             "object": "chat.completion.chunk" if chat else "text_completion",
             "created": call.created,

@@ -59,6 +59,9 @@ class EngineRegistry:
         self.first: ModelInfo | None = None  # what the first engine said of its model
         self.session: aiohttp.ClientSession | None = None
         self._trajectories = trajectories
+        self._live: list[EngineState] | None = None
+        self._current: list[EngineState] | None = None
+        self._kinds: frozenset[EngineKind] | None = None
         self._idx = itertools.count()
         self._client_factory = client_factory
 
@@ -98,7 +101,7 @@ class EngineRegistry:
             version=self.version if cfg.version is None else cfg.version,
         )
         self.engines[eid] = state
-        self.metrics.engine_added(eid)
+        self._changed()
         log.info(
             "engine %s (%s, tp %d%s) at %s", eid, kind.value, cfg.tp, ", lent" * cfg.lent, cfg.url
         )
@@ -122,22 +125,35 @@ class EngineRegistry:
         if e.draining and not e.running and not e.waiting and self.engines.get(e.id) is e:
             del self.engines[e.id]
             self.metrics.engine_removed(e.id)
+            self._changed()
 
     # ---- views ---------------------------------------------------------------------------
 
+    def _changed(self) -> None:
+        """An engine joined, left, failed, came back, drained or changed weights."""
+        self._live = self._current = None
+        self._kinds = None
+
     def live(self) -> list[EngineState]:
-        """Routable engines, largest degree first (Heddle's DP expects that order)."""
-        return sorted(
-            (e for e in self.engines.values() if e.routable), key=lambda e: (-e.tp, e.idx)
-        )
+        """Routable engines, largest degree first (Heddle's DP expects that order). The
+        caller must not change the list."""
+        if self._live is None:
+            self._live = sorted(
+                (e for e in self.engines.values() if e.routable), key=lambda e: (-e.tp, e.idx)
+            )
+        return self._live
 
     def current(self) -> list[EngineState]:
-        """Routable engines at the current weight version."""
-        return [e for e in self.live() if e.version == self.version]
+        """Routable engines at the current weight version (the caller must not change it)."""
+        if self._current is None:
+            self._current = [e for e in self.live() if e.version == self.version]
+        return self._current
 
     def kinds(self) -> frozenset[EngineKind]:
         """The dialects of the registered engines."""
-        return frozenset(e.config.kind for e in self.engines.values())
+        if self._kinds is None:
+            self._kinds = frozenset(e.config.kind for e in self.engines.values())
+        return self._kinds
 
     # ---- state ---------------------------------------------------------------------------
 
@@ -147,7 +163,7 @@ class EngineRegistry:
             return False
         log.warning("engine %s is out: %s", e.id, reason)
         e.alive = False
-        self.metrics.engine_state(e.id, alive=False)
+        self._changed()
         return True
 
     def mark_up(self, e: EngineState) -> bool:
@@ -156,8 +172,13 @@ class EngineRegistry:
         log.info("engine %s is back", e.id)
         e.alive = True
         e.failures = 0
-        self.metrics.engine_state(e.id, alive=True)
+        self._changed()
         return True
+
+    def drain(self, e: EngineState) -> None:
+        """`e` takes no new turns."""
+        e.draining = True
+        self._changed()
 
     def set_weights(self, version: int, engines: Sequence[str] = ()) -> list[EngineState]:
         """Weights of `version` are current; `engines` serve them already. Returns the
@@ -170,6 +191,7 @@ class EngineRegistry:
         self.version = version
         for eid in engines:
             self.engines[eid].version = version
+        self._changed()
         return [e for e in self.engines.values() if e.version != version]
 
     def report(
@@ -189,6 +211,7 @@ class EngineRegistry:
             if version < e.version:
                 raise Conflict(f"engine {eid} serves version {e.version}; {version} is older")
             e.version = version
+            self._changed()
         if free_tokens is not None:
             if free_tokens < 0:
                 raise Conflict(f"free_tokens must be >= 0, got {free_tokens}")

@@ -113,6 +113,7 @@ class TurnRequest:
     # higher-first values are negated when parsed)
     priority: int = 0
     routed_experts: bool = False
+    stream: bool = False  # the client reads the turn as it goes (`Turn.updates`)
 
 
 _seqs = itertools.count()
@@ -152,10 +153,17 @@ class Turn:
     version: int | None = None  # weight version of the engine that produced its last tokens
     routed_experts: Any = None  # the last attempt's, when asked (SGLang engines)
     task: asyncio.Task[None] | None = None
-    updates: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
+    progress_t: float = 0.0  # event-loop time of its attempt's start or last chunk
+    attempt_chunks: int = 0  # chunks its current attempt has delivered
+    # a streaming client's feed: each chunk, then None once it ended (None: not streamed)
+    updates: asyncio.Queue[Any] | None = None
     finished: asyncio.Event = field(default_factory=asyncio.Event)
 
     # ---- reads ---------------------------------------------------------------------------
+
+    def __post_init__(self) -> None:
+        if self.request.stream:
+            self.updates = asyncio.Queue()
 
     @property
     def sampling(self) -> dict[str, Any]:
@@ -240,5 +248,6 @@ class Turn:
             self._to(TurnState.FINISHED)
             self.finish_reason = self.finish_reason or "stop"
         self.ended_s = now
-        self.updates.put_nowait(None)
+        if self.updates is not None:
+            self.updates.put_nowait(None)
         self.finished.set()

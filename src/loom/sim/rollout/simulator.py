@@ -209,7 +209,7 @@ class RolloutSimulator:
 
     def _route(self, t: TrajState) -> int:
         w = self.router.route(t, self.views, self.eng.now)
-        if not 0 <= w < len(self.workers):
+        if w is None or not 0 <= w < len(self.workers):
             raise ConfigError(f"router returned worker {w}; there are {len(self.workers)}")
         return w
 
