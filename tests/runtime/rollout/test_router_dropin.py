@@ -16,7 +16,7 @@ import httpx
 import pytest
 from conftest import Rig
 
-from loom.runtime.rollout.standin import next_token, token_logprob, top_logprobs
+from loom.runtime.rollout.standin import next_token, routed_experts, token_logprob, top_logprobs
 
 
 def expected(prompt: list[int], n: int) -> tuple[list[int], list[float]]:
@@ -157,6 +157,26 @@ def test_a_resumed_turn_returns_exactly_the_uninterrupted_logprobs(rig, fault) -
     stats = r.stats()["policy"]
     assert stats["preemptions" if fault == "preempt" else "failovers"] >= 1
     for key in ("long", "short"):
+        r.http.post(f"/v1/trajectories/{key}/end")
+
+
+def test_routed_experts_are_the_last_attempts_over_the_whole_sequence(rig) -> None:
+    """slime's routing replay: `return_routed_experts` reaches SGLang engines, and a resumed
+    turn answers with the routing its last engine computed over prompt and output."""
+    r: Rig = rig(1, step_ms=4, max_running=1, placement="least_load", scheduler="pps")
+    seen, chunks = threading.Event(), []
+    body = {**logprob_body([1, 2, 3], 120), "return_routed_experts": True}
+    t = threading.Thread(target=stream, args=(r, body, "moe", seen, 20, chunks))
+    t.start()
+    assert seen.wait(30)
+    assert r.gen("short", 3, prompt=[40], priority=10).status_code == 200  # preempts it
+    t.join(60)
+    final = chunks[-1]
+    assert r.stats()["policy"]["preemptions"] >= 1
+    assert final["meta_info"]["routed_experts"] == routed_experts([1, 2, 3, *final["output_ids"]])
+    plain = r.gen(None, 3).json()["meta_info"]
+    assert "routed_experts" not in plain  # only when asked
+    for key in ("moe", "short"):
         r.http.post(f"/v1/trajectories/{key}/end")
 
 

@@ -64,7 +64,9 @@ def heavy_router(heavy_engines: list[EngineProcess]) -> Iterator[httpx.Client]:
         yield http
 
 
-def _complete(http: httpx.Client, key: str | None, prompt: list[int], n: int) -> dict:
+def _complete(
+    http: httpx.Client, key: str | None, prompt: list[int], n: int, **extra: object
+) -> dict:
     headers = {"X-Trajectory-Id": key} if key else {}
     body = {
         "prompt": prompt,
@@ -72,6 +74,7 @@ def _complete(http: httpx.Client, key: str | None, prompt: list[int], n: int) ->
         "ignore_eos": True,
         "temperature": 0,
         "return_token_ids": True,
+        **extra,
     }
     resp = http.post("/v1/completions", json=body, headers=headers)
     assert resp.status_code == 200, resp.text
@@ -79,6 +82,13 @@ def _complete(http: httpx.Client, key: str | None, prompt: list[int], n: int) ->
 
 
 def _reference(engine: EngineProcess, prompt: list[int], n: int) -> list[int]:
+    return _reference_logprobs(engine, prompt, n)[0]
+
+
+def _reference_logprobs(
+    engine: EngineProcess, prompt: list[int], n: int
+) -> tuple[list[int], list[float]]:
+    """An uninterrupted turn straight at the engine: its tokens and their logprobs."""
     body = {
         "model": engine.model_name,
         "prompt": prompt,
@@ -86,9 +96,11 @@ def _reference(engine: EngineProcess, prompt: list[int], n: int) -> list[int]:
         "ignore_eos": True,
         "temperature": 0,
         "return_token_ids": True,
+        "logprobs": 0,
     }
     out = httpx.post(engine.url + "/v1/completions", json=body, timeout=300).json()
-    return list(out["choices"][0]["token_ids"])
+    choice = out["choices"][0]
+    return list(choice["token_ids"]), list(choice["logprobs"]["token_logprobs"])
 
 
 def test_a_multi_turn_trajectory_through_the_openai_api(router: httpx.Client) -> None:
@@ -124,7 +136,9 @@ def test_preemption_on_vllm_resumes_with_exactly_the_missing_tokens(
         first = _complete(router, "long", [1, 2, 3, 4], 4)["choices"][0]["token_ids"]
         prompt = [1, 2, 3, 4, *first, 5]
         out: dict = {}
-        worker = threading.Thread(target=lambda: out.update(_complete(router, "long", prompt, n)))
+        worker = threading.Thread(
+            target=lambda: out.update(_complete(router, "long", prompt, n, logprobs=0))
+        )
         worker.start()
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # wait until the long turn is decoding
@@ -138,7 +152,14 @@ def test_preemption_on_vllm_resumes_with_exactly_the_missing_tokens(
         assert fresh["usage"]["completion_tokens"] == 6
         choice = out["choices"][0]
         assert choice["finish_reason"] == "length" and len(choice["token_ids"]) == n
-        assert choice["token_ids"] == _reference(heavy_engines[0], prompt, n)
+        tokens, logprobs = _reference_logprobs(heavy_engines[0], prompt, n)
+        assert choice["token_ids"] == tokens
+        # every token's logprob, under the engine that sampled it, across the preemption: the
+        # resumed part was computed after a prefill of prompt + generated, not step by step
+        got = choice["logprobs"]["token_logprobs"]
+        assert len(got) == n
+        worst = max(abs(a - b) for a, b in zip(got, logprobs, strict=True))
+        assert worst < 1e-2, worst
         for key in ("long", "fresh"):
             router.post(f"/v1/trajectories/{key}/end")
 

@@ -73,6 +73,16 @@ _SAMPLING = {
 }
 
 
+def routed_experts(context: list[int], layers: int = 2, topk: int = 2) -> str:
+    """The stand-in model's MoE routing of every position but the last, as SGLang returns it:
+    base64 of little-endian int32 [positions, layers, topk]."""
+    import base64
+    import struct
+
+    ids = [(t * 31 + 7 * j) % 8 for t in context[:-1] for j in range(layers * topk)]
+    return base64.b64encode(struct.pack(f"<{len(ids)}i", *ids)).decode()
+
+
 def words(text: str) -> list[int]:
     """The stand-in's tokenizer: one token per whitespace-separated word."""
     return [3 + zlib.crc32(w.encode()) % (VOCAB - 3) for w in text.split()]
@@ -118,6 +128,7 @@ class _Request:
     cached: int = 0
     prefill_left: float = 0.0
     logprob: bool = False
+    experts: bool = False
     top: int = 0
     start: int = -1
     logprobs: list[list[Any]] = field(default_factory=list)
@@ -227,6 +238,8 @@ class StandinEngine:
                     None if i == 0 else [[v, t, None] for t, v in top_logprobs(prompt[:i], r.top)]
                     for i in range(r.start, r.prompt_len)
                 ]
+        if r.experts and r.finish is not None:
+            meta["routed_experts"] = routed_experts(r.context)
         r.out.put_nowait({"text": text, "output_ids": ids, "meta_info": meta})
 
     def _end(self, r: _Request) -> None:
@@ -343,6 +356,7 @@ class StandinEngine:
             ignore_eos=bool(params.get("ignore_eos")),
             stop_ids=set(params.get("stop_token_ids") or ()),
         )
+        r.experts = bool(body.get("return_routed_experts"))
         if body.get("return_logprob"):
             r.logprob = True
             r.top = int(body.get("top_logprobs_num") or 0)
