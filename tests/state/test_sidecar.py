@@ -105,14 +105,11 @@ def test_ranks_offload_once_per_key_and_load_back_bit_identical(sidecar: StateSi
 
 def test_a_stranger_is_dropped_unread_and_a_missing_rank_is_named(tmp_path: Path) -> None:
     with StateSidecar(SidecarConfig(gpus=2, collective_timeout_s=1.0)) as sc:
-        with (
-            pytest.raises(StateError, match="closed"),
-            StateClient(sc.address, b"not the token" * 2, timeout_s=5) as stranger,
-        ):
-            stranger.call("stats")
+        with pytest.raises(StateError, match="refused the token"):
+            StateClient(sc.address, b"not the token" * 2, timeout_s=5)
         raw = socket.socket(socket.AF_UNIX)
         raw.connect(sc.address)
-        _send_frame(raw, b"\x00" * 16)
+        _send_frame(raw, b"\x00" * 64)  # no answer to the challenge
         _send_frame(raw, b"cos\nsystem\n(S'touch /tmp/pwned'\ntR.")  # never unpickled
         raw.close()
         with sc.client() as c:
@@ -124,6 +121,41 @@ def test_a_stranger_is_dropped_unread_and_a_missing_rank_is_named(tmp_path: Path
                 c.call("prefetch", dep="nope")
         assert sc.alive
     assert not Path("/tmp/pwned").exists()
+
+
+def test_the_token_never_crosses_the_wire_and_an_impostor_sidecar_is_caught(
+    tmp_path: Path,
+) -> None:
+    """The sidecar's TCP listener is for trusted networks, and still: each side proves it
+    knows the token with a MAC over the other's nonce, so an eavesdropper learns nothing
+    to replay and a peer never talks to a sidecar that does not know its token."""
+    import threading
+
+    token = b"k" * 16
+    with StateSidecar(SidecarConfig(gpus=1, tcp_host="127.0.0.1")) as sc:
+        assert sc.tcp_address is not None
+        with sc.client() as c:
+            assert c.call("stats") is not None
+    path = str(tmp_path / "fake.sock")
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(path)
+    listener.listen(1)
+    seen: list[bytes] = []
+
+    def impostor() -> None:  # sends a challenge, keeps what comes, proves nothing
+        conn, _ = listener.accept()
+        _send_frame(conn, b"\x01" * 32)
+        seen.append(conn.recv(4096))
+        _send_frame(conn, b"\x00" * 32)
+        conn.close()
+
+    t = threading.Thread(target=impostor)
+    t.start()
+    with pytest.raises(StateError, match="did not prove it knows the token"):
+        StateClient(path, token, timeout_s=5)
+    t.join(10)
+    listener.close()
+    assert seen and token not in seen[0]
 
 
 def test_a_stopped_deployments_waiting_ranks_are_let_go(sidecar: StateSidecar) -> None:

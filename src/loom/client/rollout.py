@@ -35,9 +35,16 @@ def _check(resp: httpx.Response) -> Any:
 class RolloutClient(AsyncHttpClient):
     """`base_url`: the router. `timeout_s` bounds one request (a long turn may take minutes)."""
 
-    def __init__(self, base_url: str, *, timeout_s: float = 600.0, **httpx_options: Any) -> None:
-        # the router takes no bearer token: "" sends none (None would read LOOM_TOKEN)
-        super().__init__(base_url, token="", timeout_s=timeout_s, **httpx_options)
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None = None,
+        timeout_s: float = 600.0,
+        **httpx_options: Any,
+    ) -> None:
+        """`token`: the router's bearer token (None: `LOOM_TOKEN` if set)."""
+        super().__init__(base_url, token=token, timeout_s=timeout_s, **httpx_options)
 
     async def declare(self, trajectories: Sequence[Mapping[str, Any]]) -> dict[str, str]:
         """Declare a batch before it starts (each: id, prompt_id or prompt, optional group and

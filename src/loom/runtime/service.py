@@ -4,8 +4,6 @@ on a socket bound first (so `--port 0` can say which port it got)."""
 
 from __future__ import annotations
 
-import hmac
-import ipaddress
 import socket
 import threading
 import time
@@ -18,6 +16,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from loom.runtime.access import UNAUTHORIZED, authorized, is_loopback, is_open
 
 __all__ = [
     "GRACEFUL_S",
@@ -33,17 +33,6 @@ __all__ = [
 ]
 
 GRACEFUL_S = 5.0  # open requests get this long to finish when a server stops
-
-
-def is_loopback(host: str) -> bool:
-    """Whether binding `host` keeps a service on this machine (a host name may resolve
-    anywhere, so only `localhost` and loopback addresses count)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class BodyLimit:
@@ -93,22 +82,22 @@ class BodyLimit:
 
 
 class BearerToken:
-    """ASGI middleware: every HTTP request but `/healthz` must carry `Authorization: Bearer
-    <token>` (401 otherwise). Compared in constant time."""
+    """ASGI middleware: every HTTP request but health and metrics (`open_health`; all of them
+    without it) must carry `Authorization: Bearer <token>`: 401 otherwise (`loom.runtime.
+    access`'s rule, the router's too)."""
 
-    def __init__(self, app: ASGIApp, token: str) -> None:
+    def __init__(self, app: ASGIApp, token: str, open_health: bool = True) -> None:
         self.app = app
-        self._expected = f"Bearer {token}".encode()
+        self.token = token
+        self.open_health = open_health
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] != "/healthz":
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self._expected):
+        if scope["type"] == "http" and not is_open(scope["path"], self.open_health):
+            given = dict(scope["headers"]).get(b"authorization")
+            if not authorized(given, self.token):
                 response = JSONResponse(
                     status_code=401,
-                    content={
-                        "detail": "missing or wrong token: send Authorization: Bearer <token>"
-                    },
+                    content={"detail": UNAUTHORIZED},
                     headers={"WWW-Authenticate": "Bearer"},
                 )
                 await response(scope, receive, send)

@@ -23,9 +23,11 @@ migration between nodes, optionally TCP):
 Copies and every call on the StateManager run on one data-plane thread, in arrival order; the
 event loop only frames messages and gathers the ranks of a collective call.
 
-Messages are length-prefixed pickles, and a connection is trusted only after its first frame —
-the sidecar's token, compared in constant time — so nothing from an unauthenticated peer is
-ever unpickled. The socket lives in a private 0700 directory.
+Messages are length-prefixed pickles, and a connection is trusted only once both sides have
+proved they know the sidecar's token without sending it (HMAC-SHA256 over a nonce from each
+side, checked in constant time), so nothing from an unauthenticated peer is ever unpickled
+and no peer talks to a sidecar that is not the one it was given. The socket lives in a
+private 0700 directory.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import hashlib
 import hmac
 import json
 import os
@@ -61,6 +64,8 @@ __all__ = ["Loaded", "SidecarConfig", "StateClient", "StateError", "StateSidecar
 
 TOKEN_ENV = "LOOM_STATE_TOKEN"
 _HEADER = struct.Struct("!Q")
+_NONCE = 32
+_MAC = hashlib.sha256().digest_size
 _ALIGN = 64  # every tensor in a shared-memory export starts on a 64-byte boundary
 _MAX_FRAME = 1 << 40
 
@@ -106,6 +111,10 @@ class SidecarConfig:
 # ---- framing -------------------------------------------------------------------------------
 
 
+def _mac(token: bytes, who: bytes, first: bytes, second: bytes) -> bytes:
+    return hmac.new(token, who + first + second, hashlib.sha256).digest()
+
+
 def _send_frame(sock: socket.socket, data: bytes) -> None:
     sock.sendall(_HEADER.pack(len(data)) + data)
 
@@ -122,10 +131,10 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def _recv_frame(sock: socket.socket) -> bytes:
+def _recv_frame(sock: socket.socket, limit: int = _MAX_FRAME) -> bytes:
     (n,) = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
-    if n > _MAX_FRAME:
-        raise StateError(f"a frame of {n} bytes")
+    if n > limit:
+        raise StateError(f"a frame of {n} bytes (at most {limit} here)")
     return _recv_exact(sock, n)
 
 
@@ -339,12 +348,8 @@ class _Server:
     # ---- connections ----------------------------------------------------------------------
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            (n,) = _HEADER.unpack(await asyncio.wait_for(reader.readexactly(_HEADER.size), 10))
-            if n != len(self.token):
+            if not await self._authenticate(reader, writer):
                 return  # not ours: nothing more of it is read, nothing it sent is unpickled
-            hello = await asyncio.wait_for(reader.readexactly(n), 10)
-            if not hmac.compare_digest(hello, self.token):
-                return
             while True:
                 try:
                     frame = await _read_frame(reader)
@@ -364,6 +369,27 @@ class _Server:
             return  # the sidecar is shutting down
         finally:
             writer.close()
+
+    async def _authenticate(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> bool:
+        """Both sides prove they know the token without sending it (a challenge each way):
+        the sidecar sends a nonce; the peer answers with its own nonce and a MAC of both;
+        the sidecar checks it and proves itself with a MAC the other way round."""
+        ours = secrets.token_bytes(_NONCE)
+        writer.write(_HEADER.pack(len(ours)) + ours)
+        await writer.drain()
+        (n,) = _HEADER.unpack(await asyncio.wait_for(reader.readexactly(_HEADER.size), 10))
+        if n != _NONCE + _MAC:
+            return False
+        answer = await asyncio.wait_for(reader.readexactly(n), 10)
+        theirs, mac = answer[:_NONCE], answer[_NONCE:]
+        if not hmac.compare_digest(mac, _mac(self.token, b"peer", ours, theirs)):
+            return False
+        proof = _mac(self.token, b"sidecar", theirs, ours)
+        writer.write(_HEADER.pack(len(proof)) + proof)
+        await writer.drain()
+        return True
 
     async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._plane, fn, *args)
@@ -676,10 +702,24 @@ class StateClient:
                 raise
         self._lock = threading.Lock()
         try:
-            _send_frame(self._sock, token)
-        except OSError:
+            self._authenticate(token)
+        except (OSError, StateError):
             self._sock.close()
             raise
+
+    def _authenticate(self, token: bytes) -> None:
+        """The peer's side of the challenge (see `_Server._authenticate`)."""
+        challenge = _recv_frame(self._sock, limit=_NONCE)
+        if len(challenge) != _NONCE:
+            raise StateError(f"{self.address} is not a Loom sidecar (no challenge)")
+        ours = secrets.token_bytes(_NONCE)
+        _send_frame(self._sock, ours + _mac(token, b"peer", challenge, ours))
+        try:
+            proof = _recv_frame(self._sock, limit=_MAC)
+        except StateError:
+            raise StateError(f"the sidecar at {self.address} refused the token") from None
+        if not hmac.compare_digest(proof, _mac(token, b"sidecar", ours, challenge)):
+            raise StateError(f"the sidecar at {self.address} did not prove it knows the token")
 
     def call(self, op: str, **kw: Any) -> Any:
         with self._lock:

@@ -73,7 +73,7 @@ def create_app(config: ActionServerConfig | None = None, *, trust_env: bool = Tr
     _add_routes(app)
     app.add_middleware(BodyLimit, max_bytes=cfg.max_body_bytes)
     if cfg.token is not None:
-        app.add_middleware(BearerToken, token=cfg.token)
+        app.add_middleware(BearerToken, token=cfg.token, open_health=cfg.open_health)
     return app
 
 

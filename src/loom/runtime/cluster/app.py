@@ -29,9 +29,17 @@ from loom.cluster.faults import DeadlinePolicy, RecoveryPolicy
 from loom.cluster.plexrl.hrrs import OpPolicyKind
 from loom.cluster.plexrl.timeline import HORIZON_SLOTS, Footprint
 from loom.core.errors import ConfigError
+from loom.runtime.access import Access
 from loom.runtime.cluster.driver import ClusterDriver, Conflict, NotFound, Unavailable
 from loom.runtime.cluster.payloads import BUILTIN_MODEL
-from loom.runtime.service import BackgroundApp, BodyLimit, DriverServer, malformed_request, run_app
+from loom.runtime.service import (
+    BackgroundApp,
+    BearerToken,
+    BodyLimit,
+    DriverServer,
+    malformed_request,
+    run_app,
+)
 from loom.state.sidecar import SidecarConfig
 
 __all__ = ["BackgroundCluster", "ClusterConfig", "create_app", "serve"]
@@ -39,7 +47,7 @@ __all__ = ["BackgroundCluster", "ClusterConfig", "create_app", "serve"]
 Name = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
 
 
-class ClusterConfig(BaseModel):
+class ClusterConfig(Access):
     model_config = ConfigDict(extra="forbid", frozen=True)
     host: str = "127.0.0.1"
     port: int = Field(default=8900, ge=0, le=65535)
@@ -181,6 +189,8 @@ def create_app(config: ClusterConfig, driver: ClusterDriver | None = None) -> Fa
 
     app = FastAPI(title="loom cluster", lifespan=lifespan)
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
+    if config.token is not None:
+        app.add_middleware(BearerToken, token=config.token, open_health=config.open_health)
     app.add_exception_handler(RequestValidationError, malformed_request)
 
     def drv() -> ClusterDriver:

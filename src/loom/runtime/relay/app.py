@@ -65,7 +65,7 @@ def create_app(config: RelayConfig | None = None, store: InMemoryStore | None = 
     _add_member_routes(app)
     app.add_middleware(BodyLimit, max_bytes=cfg.max_object_bytes, hint="--max-object-bytes")
     if cfg.token is not None:
-        app.add_middleware(BearerToken, token=cfg.token)
+        app.add_middleware(BearerToken, token=cfg.token, open_health=cfg.open_health)
     return app
 
 
