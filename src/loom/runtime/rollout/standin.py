@@ -258,9 +258,13 @@ class StandinEngine:
         """The injected fault, on every route but /debug."""
         if request.path.startswith("/debug"):
             return await handler(request)  # type: ignore[no-any-return]
-        if self.token is not None and request.path != "/health":
-            if request.headers.get("Authorization") != f"Bearer {self.token}":
-                return web.json_response({"error": "missing or wrong token"}, status=401)
+        wanted = f"Bearer {self.token}"
+        if (
+            self.token
+            and request.path != "/health"
+            and request.headers.get("Authorization") != wanted
+        ):
+            return web.json_response({"error": "missing or wrong token"}, status=401)
         if self.fault == "hang":
             while self.fault == "hang":
                 await asyncio.sleep(0.05)
