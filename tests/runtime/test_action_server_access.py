@@ -61,7 +61,7 @@ def test_the_sync_client(client: Client) -> None:
         assert actions.end_trajectory("t")["workspace_removed"] is True
         with pytest.raises(ActionError) as err:
             actions.submit("t", command=["true"], timeout_s=-1)
-        assert err.value.status == 422 and "timeout_s" in err.value.message
+        assert err.value.status == 400 and "timeout_s" in err.value.message
         with pytest.raises(ActionError, match="404"):
             actions.get("act-none")
         slow = actions.submit("t", command=["sleep", "30"])
@@ -128,7 +128,7 @@ def test_run_code_speaks_sandboxfusion(client: Client) -> None:
 )
 def test_run_code_refuses_bad_input(shared_client: Client, body: dict, message: str) -> None:
     r = shared_client.http.post("/run_code", json=body)
-    assert r.status_code == 422 and message in r.text, r.text
+    assert r.status_code == 400 and message in r.text, r.text
 
 
 def test_metrics_count_actions_by_kind_and_reason(client: Client) -> None:

@@ -17,6 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from loom.core.errors import InvalidRequest, LoomError, TooLarge, Unauthorized, http_status
 from loom.runtime.access import UNAUTHORIZED, authorized, is_loopback, is_open
 
 __all__ = [
@@ -25,8 +26,10 @@ __all__ = [
     "BearerToken",
     "BodyLimit",
     "DriverServer",
+    "add_error_handlers",
     "bind",
     "is_loopback",
+    "loom_error",
     "malformed_request",
     "run_app",
     "uvicorn_config",
@@ -45,9 +48,9 @@ class BodyLimit:
         self.hint = hint
 
     def _too_large(self) -> JSONResponse:
+        exc = TooLarge(f"request body over {self.max_bytes} bytes ({self.hint})")
         return JSONResponse(
-            status_code=413,
-            content={"detail": f"request body over {self.max_bytes} bytes ({self.hint})"},
+            status_code=http_status(exc), content={"detail": str(exc), "error": exc.code}
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -95,9 +98,10 @@ class BearerToken:
         if scope["type"] == "http" and not is_open(scope["path"], self.open_health):
             given = dict(scope["headers"]).get(b"authorization")
             if not authorized(given, self.token):
+                exc = Unauthorized(UNAUTHORIZED)
                 response = JSONResponse(
-                    status_code=401,
-                    content={"detail": UNAUTHORIZED},
+                    status_code=http_status(exc),
+                    content={"detail": str(exc), "error": exc.code},
                     headers={"WWW-Authenticate": "Bearer"},
                 )
                 await response(scope, receive, send)
@@ -106,7 +110,8 @@ class BearerToken:
 
 
 async def malformed_request(request: Request, exc: Exception) -> JSONResponse:
-    """422 for a request FastAPI could not validate: where and what, never the bad value."""
+    """A request FastAPI could not validate is bad input like any other (400, as every Loom
+    service answers bad input): where and what, never the bad value."""
     # NOTE: FastAPI's own handler echoes each bad input, and a NaN or an infinity echoed
     # is not JSON: the response fails and the connection drops. Say what was wrong only.
     assert isinstance(exc, RequestValidationError)
@@ -114,7 +119,26 @@ async def malformed_request(request: Request, exc: Exception) -> JSONResponse:
         {"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": e.get("type")}
         for e in exc.errors()
     ]
-    return JSONResponse(status_code=422, content={"detail": detail})
+    status = http_status(InvalidRequest())
+    return JSONResponse(status_code=status, content={"detail": detail, "error": "invalid"})
+
+
+async def loom_error(request: Request, exc: Exception) -> JSONResponse:
+    """A Loom error kind, answered with the status `loom.core.errors.http_status` maps it to
+    and its `code`, so that a client raises the kind the service raised."""
+    assert isinstance(exc, LoomError)
+    code = getattr(exc, "CODE", None) or exc.code
+    status = http_status(exc)
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse(
+        status_code=status, content={"detail": str(exc), "error": code}, headers=headers
+    )
+
+
+def add_error_handlers(app: FastAPI) -> None:
+    """The error mapping every FastAPI service uses: bad input and Loom's error kinds."""
+    app.add_exception_handler(RequestValidationError, malformed_request)
+    app.add_exception_handler(LoomError, loom_error)
 
 
 def uvicorn_config(app: FastAPI, host: str, port: int, log_level: str = "info") -> uvicorn.Config:

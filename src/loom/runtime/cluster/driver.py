@@ -31,9 +31,9 @@ its state instead of asking its ranks to offload. A watchdog finds ranks that di
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
-import itertools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -47,7 +47,7 @@ from loom.cluster.plexrl.group import Dispatch, GroupScheduler
 from loom.cluster.plexrl.hrrs import OP_POLICIES, Op, OpPolicyKind
 from loom.cluster.plexrl.placement import JobPlacement, PlacementConfig, PlexPlacement
 from loom.cluster.plexrl.timeline import HORIZON_SLOTS, Footprint, Timeline
-from loom.core.errors import ConfigError
+from loom.core.errors import ConfigError, Conflict, NotFound, Unavailable
 from loom.runtime.cluster.payloads import BUILTIN_MODEL, FAULT_OP
 from loom.runtime.cluster.wpg import (
     OPS,
@@ -72,19 +72,6 @@ log = logging.getLogger("loom.cluster")
 
 USER_OPS = tuple(o for o in OPS if o not in ("offload", "load", FAULT_OP))
 EWMA = 0.5  # weight of the newest measurement in a duration estimate
-
-
-class NotFound(KeyError):
-    def __str__(self) -> str:
-        return str(self.args[0])
-
-
-class Conflict(Exception):
-    pass
-
-
-class Unavailable(Exception):
-    """The service cannot do it now (its workers would not start)."""
 
 
 class OpStatus(StrEnum):
@@ -213,6 +200,7 @@ class ClusterDriver:
         settle_s: float = 10.0,
         watch_s: float = 1.0,
         faults: bool = False,
+        retain_ops: int = 10_000,
     ) -> None:
         """`state`: each group's sidecar (its GPUs are `gpus_per_group`); `launch` builds a
         deployment's worker group in place of the default — worker processes on the group's
@@ -220,7 +208,9 @@ class ClusterDriver:
         and `recovery` decide how long an operation may run and what happens to a group torn
         down; `settle_s`: after a rank raised, how long the others have to answer before the
         group is torn down; `watch_s`: how often idle groups are checked for dead ranks;
-        `faults`: accept the test-only `inject_fault` operation."""
+        `faults`: accept the test-only `inject_fault` operation; `retain_ops`: finished
+        operations remembered (with their results) for their callers to read, the oldest
+        forgotten beyond it."""
         if groups < 1:
             raise ConfigError(f"groups must be >= 1, got {groups}")
         if gpus_per_group < 1:
@@ -241,7 +231,12 @@ class ClusterDriver:
         self._t0 = clock()
         self.deployments: dict[str, Deployment] = {}
         self.ops: dict[int, OpRecord] = {}
-        self._ids = itertools.count()
+        if retain_ops < 1:
+            raise ConfigError(f"retain_ops must be >= 1, got {retain_ops}")
+        self._finished: collections.deque[int] = collections.deque()
+        self.retain_ops = retain_ops
+        self.forgotten = 0  # finished operations dropped beyond retain_ops
+        self._last_id = -1
         self._exec: dict[tuple[str, str], float] = {}  # (deployment, op) -> seconds
         self._measured: dict[tuple[str, str], float] = {}  # the same, from runs only
         self._switch: dict[str, float] = {}  # deployment -> offload + load seconds
@@ -509,7 +504,7 @@ class ClusterDriver:
         `GroupBroken` if its group must be torn down, `WorkerError` if the move was refused
         (the group holds what it held)."""
         payload = {"tier": "host"} if kind == "offload" else {}
-        rec = OpRecord(next(self._ids), dep.id, dep.job, kind, payload, self.now(), system=True)
+        rec = OpRecord(self._new_id(), dep.id, dep.job, kind, payload, self.now(), system=True)
         self.ops[rec.op_id] = rec
         async with dep.lock:
             err = await self._execute(dep, rec)
@@ -581,7 +576,7 @@ class ClusterDriver:
         if dep.migrating:
             raise Conflict(f"{dep_id} is moving to another node group: call again when it has")
         dep.wpg.config.check(kind, payload)
-        rec = OpRecord(next(self._ids), dep_id, dep.job, kind, payload, self.now())
+        rec = OpRecord(self._new_id(), dep_id, dep.job, kind, payload, self.now())
         rec.override_s = deadline_s
         self.ops[rec.op_id] = rec
         if kind == "save_ckpt" and self._offloaded_and_idle(dep):
@@ -913,11 +908,19 @@ class ClusterDriver:
         finally:
             dep.watched = False
 
+    def _new_id(self) -> int:
+        self._last_id += 1
+        return self._last_id
+
     def _end(self, rec: OpRecord, status: OpStatus, error: str | None = None) -> None:
         if rec.status.terminal:
             return
         rec.status, rec.error, rec.ended_s = status, error, self.now()
         rec.done.set()
+        self._finished.append(rec.op_id)
+        while len(self._finished) > self.retain_ops:  # what a finished op leaves is bounded
+            self.ops.pop(self._finished.popleft(), None)
+            self.forgotten += 1
 
     def _learn_switch(self, dep_id: str, took: float) -> None:
         old = self._switch.get(dep_id)
@@ -929,6 +932,11 @@ class ClusterDriver:
     async def wait(self, op_id: int, wait_s: float) -> OpRecord:
         rec = self.ops.get(op_id)
         if rec is None:
+            if 0 <= op_id <= self._last_id:
+                raise NotFound(
+                    f"operation {op_id} finished and was forgotten (the service keeps the "
+                    f"last {self.retain_ops}: retain_ops)"
+                )
             raise NotFound(f"no operation {op_id}")
         if not rec.status.terminal and wait_s > 0:
             with contextlib.suppress(TimeoutError):

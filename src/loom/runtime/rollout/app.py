@@ -717,5 +717,5 @@ async def health(request: web.Request) -> web.Response:
     driver = request.app[DRIVER]
     live = len(driver.live())
     if not live:
-        return _error("no live engine", 503)
+        raise Unavailable("no live engine")
     return _json({"status": "ok", "engines": live})
