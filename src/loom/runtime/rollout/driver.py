@@ -582,13 +582,15 @@ class RolloutDriver:
     # ---- late binding and what a move costs ------------------------------------------
 
     def _prefill_s(self, e: EngineState, t: Trajectory, tokens: int, cached: int) -> float:
-        """Seconds `e` takes to prefill `tokens` of `t`'s sequence of which `cached` are in
-        its prefix cache, by its latency model (0 where it has none)."""
+        """Seconds prefilling `tokens` of `t`'s sequence, `cached` of them in its prefix
+        cache, adds to a step of `e`'s, by its latency model (0 where it has none). NOTE: the
+        step's own cost is paid anyway (continuous batching): only the prefill's is counted."""
         lat = self._latency(e.tp)
-        new = tokens - min(cached, tokens)
+        cached = min(cached, tokens)
+        new = tokens - cached
         if lat is None or new <= 0:
             return 0.0
-        return lat.prefill_time(new, min(cached, tokens))
+        return max(0.0, lat.iteration_time(1, 0, new, cached) - lat.iteration_time(1, 0))
 
     def _computed(self, turn: Turn) -> int:
         """Tokens of `turn`'s sequence some engine has computed already."""

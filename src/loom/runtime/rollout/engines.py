@@ -610,15 +610,15 @@ def vllm_load(metrics: bytes, model: str = "") -> EngineLoad:
         (name + " ").encode() for name in _VLLM_LOAD
     )
     wanted = b"\n".join(ln for ln in metrics.split(b"\n") if ln.startswith(heads))
-    values: dict[str, list[float]] = {}
     try:
         families = list(text_string_to_metric_families(wanted.decode(errors="replace") + "\n"))
     except ValueError as exc:
         raise EngineError(f"malformed vLLM metrics: {exc}") from exc
-    for family in families:
-        mine = [x for x in family.samples if x.labels.get("model_name") == model]
-        for sample in mine or family.samples:
-            values.setdefault(sample.name, []).append(sample.value)
+    samples = [x for family in families for x in family.samples]
+    mine = [x for x in samples if x.labels.get("model_name") == model]
+    values: dict[str, list[float]] = {}
+    for sample in mine or samples:
+        values.setdefault(sample.name, []).append(sample.value)
     if _VLLM_LOAD[0] not in values or _VLLM_LOAD[1] not in values:
         raise EngineError("the engine's /metrics has no vllm:num_requests_running/waiting")
     kv = values.get(_VLLM_LOAD[2])
