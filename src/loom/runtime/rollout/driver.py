@@ -258,6 +258,7 @@ class RolloutDriver:
         self.reprefill = dict.fromkeys(REPREFILL_REASONS, 0)
         # summed over finished turns: router queueing, time to first token, decoding
         self.timing = {"turns": 0, "queue_s": 0.0, "first_token_s": 0.0, "decode_s": 0.0}
+        self.timing["longest_wait_s"] = 0.0  # the most one turn waited in the router
         self._session: aiohttp.ClientSession | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._fitting = False
@@ -957,6 +958,7 @@ class RolloutDriver:
         t.last_end_s = now
         t.last_seen_s = now
         self.metrics.turn_done(now - turn.arrival_s)
+        self.timing["longest_wait_s"] = max(self.timing["longest_wait_s"], turn.waited_s)
         if turn.started_s is not None and turn.first_token_s is not None:
             self.timing["turns"] += 1
             self.timing["queue_s"] += turn.started_s - turn.arrival_s
