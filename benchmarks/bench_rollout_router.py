@@ -69,11 +69,13 @@ def _wait(url: str, path: str, timeout_s: float = 60.0) -> None:
 
 
 @contextmanager
-def _process(cmd: list[str], url: str, ready: str) -> Iterator[subprocess.Popen[bytes]]:
+def _process(
+    cmd: list[str], url: str, ready: str, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
     # Output to a file, not /dev/null: sglang-router 0.3 never starts serving with its output
     # on /dev/null (observed here); the file's tail also says why a server did not come up.
     with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
             try:
                 _wait(url, ready)
@@ -271,8 +273,10 @@ def _trajectories(n: int, duration_s: float, seed: int) -> list[dict[str, Any]]:
 
 @contextmanager
 def continuous_router(
-    engines: list[str], placement: str, scheduler: str, profile: str
+    engines: list[str], placement: str, scheduler: str, profile: str, path: str | None = None
 ) -> Iterator[str]:
+    """Loom's router in a process of its own; `path`: the source tree it runs from (another
+    checkout's `src`, to compare with an earlier router)."""
     port = _free_port()
     cmd = [
         sys.executable, "-m", "loom.cli", "serve", "rollout", "--port", str(port),
@@ -282,7 +286,7 @@ def continuous_router(
     for e in engines:
         cmd += ["--engine", e]
     url = f"http://127.0.0.1:{port}"
-    with _process(cmd, url, "/health"):
+    with _process(cmd, url, "/health", {**os.environ, "PYTHONPATH": path} if path else None):
         yield url
 
 
@@ -334,12 +338,13 @@ async def _run_trajectories(url: str, trajs: list[dict[str, Any]]) -> dict[str, 
         "p50_s": _pct(latencies, 0.5),
         "p99_s": _pct(latencies, 0.99),
         "over_60s_pct": 100 * sum(x > 60 for x in latencies) / max(1, turns),
-        "longest_wait_s": stats["timing"]["longest_wait_s"],
+        # NOTE: read with defaults, so that a router from before issue 28 runs it too
+        "longest_wait_s": stats["timing"].get("longest_wait_s", float("nan")),
         "preemptions_per_turn": stats["policy"]["preemptions"] / max(1, turns),
-        "late_bindings": stats["policy"]["late_bindings"],
-        "aged": stats["policy"]["aged"],
+        "late_bindings": stats["policy"].get("late_bindings", 0),
+        "aged": stats["policy"].get("aged", 0),
         "migrations": stats["policy"]["migrations"],
-        "reprefill_tokens": stats["reprefill_tokens"],
+        "reprefill_tokens": stats.get("reprefill_tokens", {}),
         "tokens_per_s": tokens / makespan,
         "makespan_s": makespan,
     }
@@ -364,7 +369,9 @@ def continuous(args: argparse.Namespace) -> list[dict[str, Any]]:
                 with (
                     StandinProcess(*flags) as e0,
                     StandinProcess(*flags) as e1,
-                    continuous_router([e0.url, e1.url], placement, scheduler, profile) as url,
+                    continuous_router(
+                        [e0.url, e1.url], placement, scheduler, profile, args.router_path
+                    ) as url,
                 ):
                     row = {"system": name, "repeat": rep}
                     row |= asyncio.run(_run_trajectories(url, trajs))
@@ -402,6 +409,7 @@ def main() -> None:
     ap.add_argument("--prefill-us-per-token", type=float, default=20.0, help="continuous")
     ap.add_argument("--repeats", type=int, default=1, help="continuous: interleaved runs")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--router-path", default=None, help="continuous: the router's source tree")
     args = ap.parse_args()
     if args.continuous:
         if args.step_ms == ap.get_default("step_ms"):
