@@ -26,7 +26,7 @@ from loom.rollout.rose import (
     tpot_slack_s,
     ttft_slack_s,
 )
-from loom.sim.rng import stream
+from loom.core.rng import stream
 
 
 @dataclass

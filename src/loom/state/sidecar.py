@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from loom.core.errors import ConfigError
-from loom.runtime.lifeline import child_popen, watch_parent
+from loom.proc.lifeline import child_popen, watch_parent
 from loom.state.copy import DEFAULT_CHUNK_BYTES, DEFAULT_STREAMS
 from loom.state.manager import NotResident, StateKey, StateManager
 from loom.state.tiers import Deferred, Tier, nbytes

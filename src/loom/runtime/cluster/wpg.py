@@ -23,7 +23,7 @@ run fails on all of them alike. An operation fails at the first rank that raises
 rank that gave up; `settle` then waits a short while for them. A rank that dies, an operation
 past its deadline or ranks that never settle make the group unusable (`GroupBroken`): its owner
 `kill`s it. Ranks and a private sidecar are tied to the process that started them
-(`loom.runtime.lifeline`): they die with it, by whatever signal.
+(`loom.proc.lifeline`): they die with it, by whatever signal.
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ from pathlib import Path
 from typing import Any
 
 from loom.core.errors import ConfigError
+from loom.proc.lifeline import child_popen, watch_parent
 from loom.runtime.cluster.payloads import FAULT_OP, check_payload
-from loom.runtime.lifeline import child_popen, watch_parent
 from loom.state.sidecar import TOKEN_ENV, SidecarConfig, StateClient, StateSidecar
 
 __all__ = [

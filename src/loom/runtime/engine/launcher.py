@@ -1,6 +1,6 @@
 """vLLM's OpenAI-compatible server as a child process on the CPU: started on a model (the tiny
 one by default), ready once `/health` answers, stopped with its whole process group, which
-also ends when the process that started it dies (however it dies: see `loom.runtime.tether`)."""
+also ends when the process that started it dies (however it dies: see `loom.proc.tether`)."""
 
 from __future__ import annotations
 
@@ -24,9 +24,9 @@ from typing import Any, Self
 import httpx
 
 from loom.core.errors import ConfigError, LoomError
+from loom.proc.tether import Tethered
 from loom.runtime.access import is_loopback
 from loom.runtime.engine.model import DEFAULT_CACHE_DIR, TinyModelSpec, build_tiny_model
-from loom.runtime.tether import Tethered
 
 __all__ = [
     "INSTALL_HINT",

@@ -37,7 +37,7 @@ from typing import Any
 
 from aiohttp import web
 
-from loom.runtime.tether import Tethered
+from loom.proc.tether import Tethered
 
 __all__ = ["StandinEngine", "StandinProcess", "next_token"]
 

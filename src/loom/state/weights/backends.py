@@ -7,7 +7,6 @@ values as raw bits.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
@@ -18,7 +17,7 @@ import numpy.typing as npt
 from loom.core.errors import ConfigError
 from loom.state.weights.bf16 import BF16_BITS_DTYPE
 
-__all__ = ["Backend", "Changes", "NumpyOps", "TensorOps", "backend_of", "tensor_ops"]
+__all__ = ["NUMPY_OPS", "Backend", "Bits", "Changes", "Indices", "NumpyOps", "TensorOps"]
 
 Indices = npt.NDArray[np.int32]
 Bits = npt.NDArray[np.uint16]
@@ -152,32 +151,3 @@ class NumpyOps:
 
 
 NUMPY_OPS = NumpyOps()
-
-
-def _torch_ops() -> TensorOps:
-    try:
-        from loom.state.weights.torch_ops import TORCH_OPS
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ConfigError("the torch backend needs torch (pip install 'loom-rl[torch]')") from exc
-    return TORCH_OPS
-
-
-def tensor_ops(backend: Backend | str) -> TensorOps:
-    """The ops of `backend` (or its value); torch is imported only here, on first use."""
-    try:
-        backend = Backend(backend)
-    except ValueError:
-        raise ConfigError(f"unknown backend {backend!r}; known: numpy, torch") from None
-    return NUMPY_OPS if backend is Backend.NUMPY else _torch_ops()
-
-
-def backend_of(x: Any) -> Backend:
-    """The backend that holds `x`, or `ConfigError` for anything else."""
-    if isinstance(x, np.ndarray):
-        return Backend.NUMPY
-    torch = sys.modules.get("torch")  # a torch tensor implies torch is already imported
-    if torch is not None and isinstance(x, torch.Tensor):
-        return Backend.TORCH
-    raise ConfigError(
-        f"expected a numpy uint16 array or a torch bfloat16 tensor, got {type(x).__name__}"
-    )

@@ -36,7 +36,8 @@ from typing import Any, TypeVar
 import numpy as np
 
 from loom.core.errors import ConfigError
-from loom.state.weights.backends import Backend, TensorOps, backend_of, tensor_ops
+from loom.state.weights.backends import Backend, TensorOps
+from loom.state.weights.ops import backend_of, tensor_ops
 
 __all__ = [
     "DENSE_THRESHOLD",

@@ -1,6 +1,6 @@
 """The weight codec's torch backend: bf16 tensors on any device; only changed bits leave it.
 
-Imported lazily by `backends.tensor_ops`, so Loom's core does not need torch.
+Imported lazily by `ops.tensor_ops`, so Loom's core does not need torch.
 """
 
 from __future__ import annotations
