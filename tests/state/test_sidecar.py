@@ -283,3 +283,16 @@ def test_on_a_gpu_the_sidecar_copies_through_cuda_ipc(tmp_path: Path) -> None:
         assert read == nbytes(state)
         for k, v in state.items():
             assert views[k].is_cuda and torch.equal(views[k], v)
+
+
+def test_errors_cross_the_socket_as_their_kinds(sidecar: StateSidecar) -> None:
+    """A refusal keeps its type over the socket (and is a StateError too, for callers that
+    catch the sidecar's failures); an unknown call names the calls there are."""
+    from loom.core.errors import ConfigError
+
+    with sidecar.client() as c:
+        with pytest.raises(StateError, match=r"unknown call 'transmogrify'.*'offload'"):
+            c.call("transmogrify")
+        with pytest.raises(ConfigError, match="unknown deployment 'nobody'") as err:
+            c.call("keys", dep="nobody", rank=0)
+        assert isinstance(err.value, StateError)  # a caller catching the sidecar's failures

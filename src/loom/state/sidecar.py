@@ -49,7 +49,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -58,7 +58,7 @@ from loom.core.errors import ConfigError
 from loom.proc.lifeline import child_popen, watch_parent
 from loom.state.copy import DEFAULT_CHUNK_BYTES, DEFAULT_STREAMS
 from loom.state.manager import NotResident, StateKey, StateManager
-from loom.state.tiers import Deferred, Tier, nbytes
+from loom.state.tiers import Deferred, Tier, TierFull, nbytes
 
 __all__ = ["Loaded", "SidecarConfig", "StateClient", "StateError", "StateSidecar", "serve"]
 
@@ -72,6 +72,25 @@ _MAX_FRAME = 1 << 40
 
 class StateError(RuntimeError):
     """The sidecar refused or failed a call (its message says why)."""
+
+
+_REMOTE: dict[str, type[StateError]] = {}
+
+
+def _remote_error(kind: str, message: str) -> StateError:
+    """An error the sidecar raised, as its kind where that kind crosses the wire (a
+    `StateError` too, so that a caller catching the sidecar's failures catches it)."""
+    base = _WIRE_ERRORS.get(kind)
+    if base is None or base is StateError:
+        return StateError(message)
+    cls = _REMOTE.get(kind)
+    if cls is None:
+        cls = _REMOTE[kind] = type(
+            kind,
+            (StateError, base),
+            {"__init__": StateError.__init__, "__str__": RuntimeError.__str__},
+        )
+    return cls(message)
 
 
 class Loaded(NamedTuple):
@@ -358,8 +377,8 @@ class _Server:
                 req = pickle.loads(frame)
                 try:
                     reply = {"result": await self.dispatch(req)}
-                except Exception as exc:  # every refusal goes back to the caller, said plainly
-                    reply = {"error": f"{type(exc).__name__}: {exc}"}
+                except Exception as exc:  # every refusal goes back to the caller, with its kind
+                    reply = {"error": str(exc), "kind": type(exc).__name__}
                 data = pickle.dumps(reply, protocol=5)
                 writer.write(_HEADER.pack(len(data)) + data)
                 await writer.drain()
@@ -395,43 +414,60 @@ class _Server:
         return await asyncio.get_running_loop().run_in_executor(self._plane, fn, *args)
 
     async def dispatch(self, req: dict[str, Any]) -> Any:
-        op = req.get("op")
-        sm = self.sm
-        if op == "hello":
-            return {"pid": os.getpid(), "tcp": self.tcp_address}
-        if op in ("offload", "load", "bind"):
-            return await self._collective(op, req)
-        if op == "plan":
-            return await self._run(sm.set_plan, list(req["upcoming"]))
-        if op == "use":
-            return await self._run(sm.use, req["dep"], float(req["now"]))
-        if op == "prefetch":
-            return await self._run(sm.prefetch, req["dep"])
-        if op == "drop":
-            self._abandon(req["dep"], "it was dropped")
-            return await self._run(sm.drop, req["dep"])
-        if op == "abandon":
-            return self._abandon(req["dep"], "its ranks were stopped")
-        if op == "keys":
-            return await self._run(sm.keys_of, req["dep"], int(req["rank"]))
-        if op == "stats":
-            return await self._run(self._stats)
-        if op == "checkpoint":
-            return await self._run(self._checkpoint, req["dep"], Path(req["path"]))
-        if op == "materialize":
-            return await self._run(
-                sm.materialize, req["model"], req["kind"], req["params"], req["tp"], req["rank"]
-            )
-        if op == "mirror":
-            return await self._mirror(req["dep"], req["to"], req["token"])
-        if op == "adopt":
-            return await self._run(
-                sm.adopt, req["dep"], req["ranks"], req["keys"], req["tensors"], req["meta"]
-            )
-        if op == "shutdown":
-            self._stop.set()
-            return True
-        raise StateError(f"unknown call {op!r}")
+        op = str(req.get("op"))
+        handler = _HANDLERS.get(op)
+        if handler is None:
+            raise StateError(f"unknown call {op!r}; the sidecar answers {sorted(_HANDLERS)}")
+        return await handler(self, req)
+
+    # ---- the calls: one handler each (the table `_HANDLERS` names them) -------------------
+    async def _on_hello(self, req: dict[str, Any]) -> Any:
+        return {"pid": os.getpid(), "tcp": self.tcp_address}
+
+    async def _on_collective(self, req: dict[str, Any]) -> Any:
+        return await self._collective(req["op"], req)
+
+    async def _on_plan(self, req: dict[str, Any]) -> Any:
+        return await self._run(self.sm.set_plan, list(req["upcoming"]))
+
+    async def _on_use(self, req: dict[str, Any]) -> Any:
+        return await self._run(self.sm.use, req["dep"], float(req["now"]))
+
+    async def _on_prefetch(self, req: dict[str, Any]) -> Any:
+        return await self._run(self.sm.prefetch, req["dep"])
+
+    async def _on_drop(self, req: dict[str, Any]) -> Any:
+        self._abandon(req["dep"], "it was dropped")
+        return await self._run(self.sm.drop, req["dep"])
+
+    async def _on_abandon(self, req: dict[str, Any]) -> Any:
+        return self._abandon(req["dep"], "its ranks were stopped")
+
+    async def _on_keys(self, req: dict[str, Any]) -> Any:
+        return await self._run(self.sm.keys_of, req["dep"], int(req["rank"]))
+
+    async def _on_stats(self, req: dict[str, Any]) -> Any:
+        return await self._run(self._stats)
+
+    async def _on_checkpoint(self, req: dict[str, Any]) -> Any:
+        return await self._run(self._checkpoint, req["dep"], Path(req["path"]))
+
+    async def _on_materialize(self, req: dict[str, Any]) -> Any:
+        return await self._run(
+            self.sm.materialize, req["model"], req["kind"], req["params"], req["tp"], req["rank"]
+        )
+
+    async def _on_mirror(self, req: dict[str, Any]) -> Any:
+        return await self._mirror(req["dep"], req["to"], req["token"])
+
+    async def _on_adopt(self, req: dict[str, Any]) -> Any:
+        return await self._run(
+            self.sm.adopt, req["dep"], req["ranks"], req["keys"], req["tensors"], req["meta"]
+        )
+
+    async def _on_shutdown(self, req: dict[str, Any]) -> Any:
+        self._stop.set()
+        return True
 
     async def _collective(self, op: str, req: dict[str, Any]) -> Any:
         """Wait for every rank of the deployment on this node, run the move once, answer each."""
@@ -574,7 +610,7 @@ class _Server:
             "direct_io": self.sm.disk.direct_io,
             "copy": asdict(self.sm.copier.counters),
             "timings": {op: dict(row) for op, row in self.timings.items()},
-            "plan": list(self.sm._plan),
+            "plan": self.sm.plan,
             "deployments": self.sm.deployments(),
         }
 
@@ -596,14 +632,9 @@ class _Server:
             raise StateError("a deployment is mirrored to another node's sidecar, not its own")
 
         def read() -> dict[str, Any]:
-            d = self.sm._dep(dep)
+            ranks, keys, meta = self.sm.owners(dep)
             tensors = {k: t.clone() for k, t in self.sm.offloaded(dep).items()}
-            return {
-                "ranks": dict(d.ranks),
-                "keys": dict(d.keys),
-                "meta": dict(d.meta),
-                "tensors": tensors,
-            }
+            return {"ranks": ranks, "keys": keys, "meta": meta, "tensors": tensors}
 
         payload = await self._run(read)
 
@@ -680,6 +711,30 @@ def serve(address: str, cfg: SidecarConfig, token: bytes) -> None:
             shutil.rmtree(home, ignore_errors=True)  # the socket's directory, its starter's
 
 
+_HANDLERS: dict[str, Callable[[_Server, dict[str, Any]], Awaitable[Any]]] = {
+    "hello": _Server._on_hello,
+    "offload": _Server._on_collective,
+    "load": _Server._on_collective,
+    "bind": _Server._on_collective,
+    "plan": _Server._on_plan,
+    "use": _Server._on_use,
+    "prefetch": _Server._on_prefetch,
+    "drop": _Server._on_drop,
+    "abandon": _Server._on_abandon,
+    "keys": _Server._on_keys,
+    "stats": _Server._on_stats,
+    "checkpoint": _Server._on_checkpoint,
+    "materialize": _Server._on_materialize,
+    "mirror": _Server._on_mirror,
+    "adopt": _Server._on_adopt,
+    "shutdown": _Server._on_shutdown,
+}
+# errors that cross the socket as themselves (anything else arrives as a StateError)
+_WIRE_ERRORS: dict[str, type[Exception]] = {
+    cls.__name__: cls for cls in (StateError, NotResident, TierFull, ConfigError, KeyError)
+}
+
+
 # ---- the client ------------------------------------------------------------------------------
 
 
@@ -726,7 +781,8 @@ class StateClient:
             _send_frame(self._sock, pickle.dumps({"op": op, **kw}, protocol=5))
             reply = pickle.loads(_recv_frame(self._sock))
         if "error" in reply:
-            raise StateError(f"sidecar {op}: {reply['error']}")
+            kind = str(reply.get("kind", "StateError"))
+            raise _remote_error(kind, f"sidecar {op}: {kind}: {reply['error']}")
         return reply["result"]
 
     # the worker's side of the data plane
