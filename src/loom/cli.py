@@ -585,6 +585,16 @@ def serve_engine(
             "give engines on one machine different cores: 'auto' puts each on the first",
         ),
     ] = "auto",
+    model: Annotated[
+        Path | None,
+        typer.Option("--model", help="serve this Hugging Face model directory instead"),
+    ] = None,
+    weight_sync: Annotated[
+        bool,
+        typer.Option(
+            "--weight-sync", help="load new weights from the relay without a restart (sync_weights)"
+        ),
+    ] = False,
 ) -> None:
     """Serve a tiny random-weight model with vLLM on the CPU (built once; nothing downloaded)."""
     import signal
@@ -606,6 +616,8 @@ def serve_engine(
             priority=priority,
             gpu_memory_utilization=memory,
             cpus=cpus,
+            model=model,
+            weight_sync=weight_sync,
         )
     except ConfigError as exc:
         raise typer.BadParameter(str(exc)) from None

@@ -201,5 +201,18 @@ def test_models_it_cannot_run_are_refused_with_a_reason(service, model_dir: Path
     for payload, words in bad:
         resp = http.post(op, json={"op": "forward_backward", "payload": payload})
         assert resp.status_code == 400 and words in resp.text, (payload, resp.text)
+    relay = {"url": "http://127.0.0.1:1"}
+    engines = [{"url": "http://127.0.0.1:2"}]
+    bad_syncs = [
+        ({"engines": engines}, "engines, router and version go with a relay"),
+        ({"relay": relay, "engines": engines, "router": "http://127.0.0.1:3"},
+         "need their router id (id)"),
+        ({"relay": relay, "router": "http://127.0.0.1:3"}, "name the engines it routes to"),
+        ({"relay": {"url": "ftp://x"}}, "relay.url: String should match pattern"),
+        ({"relay": relay | {"dense_every": -1}}, "relay.dense_every"),
+    ]  # fmt: skip
+    for payload, words in bad_syncs:
+        resp = http.post(op, json={"op": "sync_weights", "payload": payload})
+        assert resp.status_code == 400 and words in resp.text, (payload, resp.text)
     assert http.delete("/v1/jobs/pay").status_code == 200
     http.close()

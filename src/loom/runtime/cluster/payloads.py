@@ -152,8 +152,32 @@ class _Checkpoint(_Payload):
     path: str = Field(min_length=1, max_length=4096)
 
 
+_URL = r"^https?://[^\s/]+(/\S*)?$"
+_NAME = r"^[A-Za-z0-9][A-Za-z0-9._:-]*$"
+
+
+class _Relay(_Payload):
+    """Where the weights go: the relay (`loom serve relay`) they are published to, as a new
+    version (sparse deltas against the one before, `loom.runtime.relay.model_sync`)."""
+
+    url: str = Field(pattern=_URL, max_length=2048)
+    job: str | None = Field(
+        default=None, pattern=_NAME, max_length=128, description="whose weights, in the engines"
+    )
+    dense_every: int = Field(default=0, ge=0, description="a dense copy every N versions too")
+
+
+class _Engine(_Payload):
+    url: str = Field(pattern=_URL, max_length=2048)
+    id: str | None = Field(default=None, pattern=_NAME, max_length=128)  # the router's name
+
+
 class _SyncWeights(_Payload):
     tp: int | None = Field(default=None, ge=1, le=1024)
+    relay: _Relay | None = None
+    version: int | None = Field(default=None, ge=0, description="default: the step")
+    engines: list[_Engine] | None = Field(default=None, max_length=1024)
+    router: str | None = Field(default=None, pattern=_URL, max_length=2048)
 
     @field_validator("tp")
     @classmethod
@@ -170,6 +194,18 @@ class _SyncWeights(_Payload):
                 f"{split})"
             )
         return v
+
+    @model_validator(mode="after")
+    def _needs(self) -> Self:
+        if self.relay is None and (self.engines or self.router or self.version is not None):
+            raise ValueError("engines, router and version go with a relay to publish to")
+        if self.router is not None:
+            if not self.engines:
+                raise ValueError("router: name the engines it routes to (engines)")
+            nameless = [e.url for e in self.engines if e.id is None]
+            if nameless:
+                raise ValueError(f"engines {nameless[:3]} need their router id (id)")
+        return self
 
 
 class _Offload(_Payload):

@@ -761,31 +761,76 @@ class _Worker:
         return h.hexdigest()
 
     def _sync_weights(self, p: dict[str, Any]) -> dict[str, Any]:
-        """The weights' version and digest (every replica must agree); with `tp`, also the
-        shards a rollout layout of that tensor-parallel degree loads, cut by the sidecar from
-        the managed state: each target rank fetches only its slices."""
-        out: dict[str, Any] = {"version": self.step, "digest": self._digest()}
+        """The weights' version and digest (every replica must agree: checked before anything
+        leaves). With `tp`, also the shards a rollout layout of that tensor-parallel degree
+        loads, cut by the sidecar from the managed state: each target rank fetches only its
+        slices. With a `relay`, rank 0 publishes them there as a new version (sparse deltas
+        against the one before) and, with `engines`, has every engine load it without a
+        restart and tells the `router` which engines serve it."""
+        digest = self._digest()
+        digests: list[Any] = [None] * self.world
+        self.dist.all_gather_object(digests, digest)
+        if len(set(digests)) != 1:
+            raise RuntimeError(f"replicas disagree on the weights: {sorted(set(digests))}")
+        out: dict[str, Any] = {"version": self.step, "digest": digest}
         tp = p.get("tp")
-        if tp is None:
-            return out
+        if tp is not None:
+            out["reshard"] = self._reshard(int(tp))
+        if p.get("relay") is not None and self.rank == 0:
+            out |= self._publish(p)
+        return out
+
+    def _reshard(self, tp: int) -> dict[str, Any] | None:
         specs = self.mw.param_specs()
         assert specs is not None, "the payload check refuses tp without a layout"
         self._bind()
-        if self.rank == 0:
-            fetched, digests = [], []
-            for r in range(int(tp)):
-                shards, n = self.sc.call(
-                    "materialize", model=self.name, kind="weights", params=specs, tp=int(tp), rank=r
+        if self.rank != 0:
+            return None
+        fetched, digests = [], []
+        for r in range(tp):
+            shards, n = self.sc.call(
+                "materialize", model=self.name, kind="weights", params=specs, tp=tp, rank=r
+            )
+            fetched.append(int(n))
+            d = hashlib.sha256()
+            for name in sorted(shards):
+                d.update(name.encode())
+                d.update(
+                    shards[name].contiguous().view(-1).view(self.torch.uint8).numpy().tobytes()
                 )
-                fetched.append(int(n))
-                d = hashlib.sha256()
-                for name in sorted(shards):
-                    d.update(name.encode())
-                    d.update(
-                        shards[name].contiguous().view(-1).view(self.torch.uint8).numpy().tobytes()
-                    )
-                digests.append(d.hexdigest())
-            out["reshard"] = {"tp": int(tp), "fetched_bytes": fetched, "shard_digests": digests}
+            digests.append(d.hexdigest())
+        return {"tp": tp, "fetched_bytes": fetched, "shard_digests": digests}
+
+    def _publish(self, p: dict[str, Any]) -> dict[str, Any]:
+        """Publish the serving weights to the relay; then every engine named loads them."""
+        from dataclasses import asdict as as_dict
+
+        from loom.client.relay import RelayClient
+        from loom.runtime.engine.weight_sync import EngineRef, sync_engines
+        from loom.runtime.relay.model_sync import WeightPublisher
+
+        t0 = time.perf_counter()
+        relay = p["relay"]
+        version = self.step if p.get("version") is None else int(p["version"])
+        token = os.environ.get("LOOM_TOKEN")  # (the relay's and router's: one for every service)
+        if self.publisher is None or self.publisher.store.base_url != relay["url"].rstrip("/"):
+            store = RelayClient(relay["url"], token=token, timeout_s=600)
+            member = "train-" + self.name.replace(":", "-")
+            self.publisher = WeightPublisher(store, member_id=member)
+        self.publisher.dense_every = int(relay.get("dense_every") or 0)
+        published = self.publisher.publish(version, self.mw.serving_weights())
+        out: dict[str, Any] = {"published": as_dict(published)}
+        if p.get("engines"):
+            done = sync_engines(
+                [EngineRef(e["url"], e.get("id")) for e in p["engines"]],
+                relay=relay["url"],
+                job=relay.get("job") or self.name,
+                version=version,
+                router=p.get("router"),
+                token=token,
+            )
+            out["engines"] = [as_dict(e) for e in done]
+        out["sync_s"] = time.perf_counter() - t0
         return out
 
     # ---- state moves ------------------------------------------------------------------------

@@ -113,6 +113,13 @@ class EngineConfig:
     extra_args: tuple[str, ...] = field(
         default=(), metadata={"help": "more arguments for vLLM's api_server"}
     )
+    weight_sync: bool = field(
+        default=False,
+        metadata={
+            "help": "load new weights from the relay without a restart (Loom's worker "
+            "extension: loom.runtime.engine.weight_sync)"
+        },
+    )
 
     def __post_init__(self) -> None:
         for name in ("state_dir", "model", "log_path"):  # accept str paths
@@ -171,6 +178,8 @@ class EngineConfig:
             cmd += ["--max-model-len", str(self.max_model_len)]
         if self.priority:
             cmd += ["--scheduling-policy", "priority"]
+        if self.weight_sync:  # its routes (/collective_rpc) need the dev mode set below
+            cmd += ["--worker-extension-cls", "loom.runtime.engine.weight_sync.WeightSync"]
         return cmd + list(self.extra_args)
 
     def environment(self) -> dict[str, str]:
