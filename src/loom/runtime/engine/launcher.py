@@ -187,6 +187,8 @@ class EngineConfig:
         return {
             **os.environ,
             "VLLM_SERVER_DEV_MODE": "1",
+            # idle connections kept longer than a client's pool keeps them (aiohttp: 15 s)
+            "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "75",
             "VLLM_CPU_OMP_THREADS_BIND": self.cpus,
             "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1",

@@ -215,7 +215,9 @@ class RolloutDriver:
         cfg = self.config
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout_s),
-            connector=aiohttp.TCPConnector(limit=0, force_close=False),
+            # NOTE: idle connections closed before the engines' servers close them (uvicorn's
+            # keep-alive, vLLM's 5 s): a request sent as the server closes fails to write
+            connector=aiohttp.TCPConnector(limit=0, force_close=False, keepalive_timeout=4.0),
             auto_decompress=False,
             cookie_jar=aiohttp.DummyCookieJar(),  # engines set none; skip the jar per request
         )
@@ -851,9 +853,9 @@ class RolloutDriver:
         self.counts["declared"] += len(fresh)
         if not self.live():  # engines may have changed while predicting
             raise Unavailable("no live engine: add one with POST /v1/engines")
-        current = self.current()
-        if not current:
-            return {t.key: "" for t in fresh}
+        # NOTE: while new weights load, no engine is current: the batch is planned over the
+        # live ones (they serve it once current), as a trajectory that joins is
+        current = self.current() or self.live()
         self.router.start(fresh, current)
         self._handle_stale()
         ids = {e.idx: e.id for e in current}
