@@ -458,6 +458,43 @@ def _serve_rollout_on_ray(settings: RolloutServerConfig, ray_settings: dict[str,
         raise typer.Exit(1) from None
 
 
+run_app = typer.Typer(help="Run RL jobs through Loom's three levels.", no_args_is_help=True)
+app.add_typer(run_app, name="run")
+
+
+@run_app.command("grpo")
+def run_grpo(
+    config: Annotated[
+        Path | None, typer.Argument(help="TOML settings (default: the two-job example)")
+    ] = None,
+    steps: Annotated[int | None, typer.Option("--steps", help="GRPO steps per job")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="records, summary, plots")] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="seed of the whole run")] = None,
+    baseline: Annotated[
+        bool,
+        typer.Option(
+            "--baseline", help="without Loom's policies: least-load router, one job after another"
+        ),
+    ] = False,
+    compare: Annotated[
+        bool, typer.Option("--compare", help="run Loom's way, then the baseline; both reported")
+    ] = False,
+) -> None:
+    """GRPO on a task with a verifiable reward, through the cluster service (training), the
+    rollout router into vLLM engines whose weights follow training, and the action server's
+    sandbox (tools, rewards)."""
+    from loom.core.errors import ConfigError
+    from loom.rl.grpo.cli import main as grpo_main
+
+    try:
+        grpo_main(
+            config, steps=steps, out=out, seed=seed, baseline=baseline, compare=compare,
+            console=console,
+        )  # fmt: skip
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
 plan_app = typer.Typer(help="Plan resources for Loom's runtime.", no_args_is_help=True)
 app.add_typer(plan_app, name="plan")
 
