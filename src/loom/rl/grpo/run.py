@@ -124,4 +124,14 @@ async def _run_jobs(
         stats["engine_switches"] = engines.switches if engines is not None else 0
         stats["engine_loads"] = len(engines.loads) if engines is not None else 0
         stats["job_timings"] = {j.spec.name: dict(j.timings) for j in runs}
+        actions = stack.actions.app.state.driver
+        finished: dict[str, int] = {}  # the action server's own count, by status
+        for metric in actions.metrics.registry.collect():
+            if metric.name == "loom_actions_finished":
+                for sample in metric.samples:
+                    if sample.name.endswith("_total"):
+                        status = sample.labels["status"]
+                        finished[status] = finished.get(status, 0) + int(sample.value)
+        stats["sandbox_actions"] = finished
+        stats["sandbox"] = actions.stats().sandbox
     return [r for recs in done for r in recs]
