@@ -111,11 +111,13 @@ class Stack:
         return refs
 
     def stop(self) -> None:
-        """Stop everything started (the engines last: a start in flight finishes first)."""
+        """Stop everything started (an engine start in flight finishes first, so that what
+        it started is stopped too)."""
+        self._pool.shutdown(wait=True)
         for svc in (self.router, self.actions, self.cluster, *self.relays.values()):
             if svc is not None:
                 svc.stop()
-        self._pool.shutdown(wait=True)
+        self.router, self.actions, self.cluster, self.relays = None, None, None, {}
         for engine in self.engines:
             engine.stop()
         self.engines = []
