@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import SANDBOX
 from process_tree import descendants
 
 pytest.importorskip("torch")
@@ -20,6 +19,7 @@ pytest.importorskip("transformers")
 
 from loom.rl.grpo.config import GRPOConfig
 from loom.rl.grpo.run import run_grpo
+from loom.runtime.actions.sandbox import bubblewrap_missing
 from loom.runtime.engine import INSTALL_HINT, engine_available
 
 pytestmark = [
@@ -30,6 +30,7 @@ pytestmark = [
 ]
 
 STEPS = 2
+SANDBOX = "none" if bubblewrap_missing() else "bwrap"  # (the action server's, where it can)
 
 
 def test_two_jobs_through_the_three_levels(tmp_path: Path) -> None:

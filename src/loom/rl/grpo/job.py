@@ -173,7 +173,9 @@ class JobRun:
                 t = time.perf_counter()
                 await asyncio.gather(*(self._turn(rollout, s, step, turn) for s in active))
                 phase["rollout"] = phase.get("rollout", 0.0) + time.perf_counter() - t
-        await asyncio.gather(*(rollout.end(s.traj) for s in samples))
+        t = time.perf_counter()
+        await asyncio.gather(*(rollout.end(s.traj) for s in samples))  # (its lengths learned)
+        phase["rollout"] = phase.get("rollout", 0.0) + time.perf_counter() - t
         t = time.perf_counter()
         rewards = await self._rewards(actions, samples)
         phase["reward"] = time.perf_counter() - t
