@@ -49,6 +49,9 @@ class StandIn:
     def start(self) -> StandIn:
         return self
 
+    def check(self, op: str, payload: dict[str, Any]) -> None:
+        pass  # (its payloads are the runtime's own)
+
     def close(self) -> None:
         pass
 

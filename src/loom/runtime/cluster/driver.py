@@ -48,7 +48,8 @@ from loom.cluster.plexrl.hrrs import OP_POLICIES, Op, OpPolicyKind
 from loom.cluster.plexrl.placement import JobPlacement, PlacementConfig, PlexPlacement
 from loom.cluster.plexrl.timeline import HORIZON_SLOTS, Footprint, Timeline
 from loom.core.errors import ConfigError, Conflict, NotFound, Unavailable
-from loom.runtime.cluster.payloads import BUILTIN_MODEL, FAULT_OP
+from loom.runtime.cluster.models.ref import parse_model
+from loom.runtime.cluster.payloads import FAULT_OP
 from loom.runtime.cluster.wpg import (
     OPS,
     GroupBroken,
@@ -141,6 +142,7 @@ class Deployment:
     placement: JobPlacement | None = None  # how PlexRL's placement put it there, if it did
     dp: int = 1
     seed: int = 0
+    model_options: dict[str, Any] = field(default_factory=dict)
     # NOTE: its state moves (offload, load, an offloaded checkpoint, a migration) one at a time
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     migrating: bool = False
@@ -288,18 +290,18 @@ class ClusterDriver:
         seed: int = 0,
         trace: Footprint | None = None,
         estimates: dict[str, float] | None = None,
+        model_options: dict[str, Any] | None = None,
     ) -> Deployment:
-        """Start a deployment. `estimates`: profiled seconds per operation kind, HRRS's E
+        """Start a deployment of `model` (`models.parse_model`: "tiny", a local Hugging Face
+        directory or a worker class `module:Class`, built with `model_options` as keywords).
+        `estimates`: profiled seconds per operation kind, HRRS's E
         until the service has measured them. Its node group: `group` if named; else, with a
         profiled `trace`, where PlexRL's placement fits it (§4.3.2, warm start); else a group of its
         own (cold start) while one is free, and the least-shared group when none is."""
         if self._closing:
             raise Conflict("the service is shutting down")
-        if model != BUILTIN_MODEL:
-            raise ConfigError(
-                f"model {model!r} is not supported: a deployment runs the built-in tiny decoder "
-                f"(model {BUILTIN_MODEL!r}); running a user's model is not built yet"
-            )
+        ref = parse_model(model)  # (ConfigError: what it cannot be)
+        options = dict(model_options or {})
         dep_id = f"{job_id}:{role}"
         if dep_id in self.deployments:
             raise Conflict(f"deployment {dep_id} exists already")
@@ -318,13 +320,26 @@ class ClusterDriver:
             )
         group, placed = self._place(dep_id, group, trace)
         try:
-            wpg = await self._launch(dep_id, group, dp, seed)
+            wpg = await self._launch(dep_id, group, dp, seed, model=ref.target, options=options)
+        except ConfigError:  # its workers could not build the model as named
+            if placed is not None:
+                self.placement.release(dep_id)
+            raise
         except (WorkerError, StateError) as exc:
             if placed is not None:
                 self.placement.release(dep_id)
             raise Unavailable(f"could not start {dep_id}'s worker processes: {exc}") from None
         dep = Deployment(
-            dep_id, job_id, model, role, group, wpg, placement=placed, dp=dp, seed=seed
+            dep_id,
+            job_id,
+            ref.target,
+            role,
+            group,
+            wpg,
+            placement=placed,
+            dp=dp,
+            seed=seed,
+            model_options=options,
         )
         self.deployments[dep_id] = dep
         for kind, secs in (estimates or {}).items():
@@ -371,7 +386,15 @@ class ClusterDriver:
             return sc
 
     async def _launch(
-        self, dep_id: str, group: int, dp: int, seed: int, *, start_offloaded: bool = False
+        self,
+        dep_id: str,
+        group: int,
+        dp: int,
+        seed: int,
+        *,
+        model: str,
+        options: dict[str, Any],
+        start_offloaded: bool = False,
     ) -> Any:
         """Start a deployment's worker group on `group` (its ranks on that node's sidecar)."""
         name = _wpg_name(dep_id)
@@ -379,6 +402,8 @@ class ClusterDriver:
             name=name,
             dp=dp,
             seed=seed,
+            model=model,
+            model_options=options,
             state_dir=None if self.state_dir is None else self.state_dir / name,
             start_offloaded=start_offloaded,
             settle_s=self.settle_s,
@@ -490,7 +515,15 @@ class ClusterDriver:
                                 "mirror", dep=name, to=dst.address, token=dst.token.hex()
                             ),
                         )
-                    wpg = await self._launch(dep.id, group, dep.dp, dep.seed, start_offloaded=True)
+                    wpg = await self._launch(
+                        dep.id,
+                        group,
+                        dep.dp,
+                        dep.seed,
+                        model=dep.model,
+                        options=dep.model_options,
+                        start_offloaded=True,
+                    )
                 except (WorkerError, StateError, OSError) as exc:
                     with contextlib.suppress(Exception), dst.client(timeout_s=60) as c:
                         c.call("drop", dep=name)  # nothing half-moved stays at the destination
@@ -575,7 +608,7 @@ class ClusterDriver:
             raise ConfigError(f"deadline_s must be > 0, got {deadline_s}")
         if dep.migrating:
             raise Conflict(f"{dep_id} is moving to another node group: call again when it has")
-        dep.wpg.config.check(kind, payload)
+        dep.wpg.check(kind, payload)
         rec = OpRecord(self._new_id(), dep_id, dep.job, kind, payload, self.now())
         rec.override_s = deadline_s
         self.ops[rec.op_id] = rec
@@ -827,7 +860,13 @@ class ClusterDriver:
             if decision.action is RecoveryAction.RESTART:
                 try:
                     wpg = await self._launch(
-                        dep.id, dep.group, dep.dp, dep.seed, start_offloaded=True
+                        dep.id,
+                        dep.group,
+                        dep.dp,
+                        dep.seed,
+                        model=dep.model,
+                        options=dep.model_options,
+                        start_offloaded=True,
                     )
                 except (WorkerError, StateError) as exc:
                     decision = Recovery(RecoveryAction.FAIL, f"{reason}; its restart failed: {exc}")
