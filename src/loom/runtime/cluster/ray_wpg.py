@@ -265,6 +265,11 @@ class RayWorkerGroup(OneAtATime):
             self._pending = []
         return True
 
+    @property
+    def pids(self) -> list[int]:
+        """Its ranks' processes: none of this process's (Ray's workers run them)."""
+        return []
+
     def kill(self) -> None:
         """Stop the ranks at once; the state their nodes' sidecars hold stays."""
         import ray

@@ -45,7 +45,7 @@ from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Client, Connection, Listener
 from multiprocessing.connection import wait as wait_ready
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from loom.core.errors import ConfigError
 from loom.proc.lifeline import child_popen, watch_parent
@@ -61,6 +61,7 @@ __all__ = [
     "WorkerError",
     "WorkerGroup",
     "WorkerGroupConfig",
+    "Workers",
 ]
 
 OPS = (
@@ -146,6 +147,35 @@ def check_op(config: WorkerGroupConfig, info: ModelInfo, op: str, payload: Any) 
     if op == FAULT_OP and not config.faults:
         raise ConfigError(f"unknown operation {op!r} (fault injection is off)")
     check_payload(op, payload, vocab=info.vocab, tp_split=info.tp_split, ranks=config.dp)
+
+
+class Workers(Protocol):
+    """What the cluster driver asks of a deployment's worker group, however its ranks run
+    (worker processes here, Ray actors, a test's stand-in)."""
+
+    config: WorkerGroupConfig
+    ops_run: int
+
+    def start(self) -> Workers: ...
+
+    def check(self, op: str, payload: Any) -> None: ...
+
+    def run(self, op: str, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]: ...
+
+    def settle(self, timeout_s: float) -> bool: ...
+
+    def death(self) -> str | None: ...
+
+    def state_intact(self) -> bool: ...
+
+    def state(self, op: str, **kw: Any) -> list[Any]: ...
+
+    @property
+    def pids(self) -> list[int]: ...
+
+    def kill(self) -> None: ...
+
+    def close(self, *, keep_state: bool = False) -> None: ...
 
 
 def _free_port() -> int:
@@ -537,8 +567,13 @@ class _Worker:
             rank=rank,
             world_size=self.world,
         )
-        self.mw = self.cfg.model_ref().build(
-            seed=self.cfg.seed, device=self.device, options=self.cfg.model_kwargs()
+        from loom.runtime.cluster.models.build import build_worker
+
+        self.mw = build_worker(
+            self.cfg.model_ref(),
+            seed=self.cfg.seed,
+            device=self.device,
+            options=self.cfg.model_kwargs(),
         )
         self.model = self.mw.module
         self.optim = self.mw.optimizer(self.cfg.lr)

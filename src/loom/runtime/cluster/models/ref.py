@@ -1,7 +1,7 @@
 """What a deployment's `model` names, parsed and checked where it is created (without
 importing torch or the model): `tiny` (the built-in decoder), a local Hugging Face model
 directory, or a worker class `module:Class` (a `ModelWorker` subclass importable by the
-worker processes). `build` makes the worker in a rank."""
+worker processes). `models.build.build_worker` makes the worker in a rank."""
 
 from __future__ import annotations
 
@@ -11,16 +11,11 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from loom.core.errors import ConfigError
 
-if TYPE_CHECKING:
-    import torch
-
-    from loom.runtime.cluster.models.worker import ModelWorker
-
-__all__ = ["BUILTIN_MODEL", "ModelInfo", "ModelKind", "ModelRef", "parse_model"]
+__all__ = ["BUILTIN_MODEL", "ModelInfo", "ModelKind", "ModelRef", "load_class", "parse_model"]
 
 BUILTIN_MODEL = "tiny"
 _CLASS = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*")
@@ -47,34 +42,6 @@ class ModelKind(StrEnum):
 class ModelRef:
     kind: ModelKind
     target: str  # "tiny", the directory (absolute), or "module:Class"
-
-    def build(self, *, seed: int, device: torch.device, options: dict[str, Any]) -> ModelWorker:
-        """The rank's worker (in a worker process: imports torch and the model)."""
-        from loom.runtime.cluster.models.worker import ModelWorker
-
-        cls: Any
-        if self.kind is ModelKind.BUILTIN:
-            from loom.runtime.cluster.models.tiny import TinyWorker
-
-            cls = TinyWorker
-        elif self.kind is ModelKind.HF:
-            from loom.runtime.cluster.models.hf import HFWorker
-
-            cls, options = HFWorker, {"path": self.target, **options}
-        else:
-            cls = _load_class(self.target)
-            if not (isinstance(cls, type) and issubclass(cls, ModelWorker)):
-                raise ConfigError(
-                    f"{self.target} is not a ModelWorker subclass "
-                    "(loom.runtime.cluster.models.ModelWorker)"
-                )
-        try:
-            worker: ModelWorker = cls(seed=seed, device=device, **options)
-        except TypeError as exc:
-            raise ConfigError(f"cannot build {self.target} with {sorted(options)}: {exc}") from exc
-        if not hasattr(worker, "module") or not hasattr(worker, "vocab_size"):
-            raise ConfigError(f"{self.target} must set self.module and self.vocab_size")
-        return worker
 
 
 def parse_model(model: str) -> ModelRef:
@@ -105,7 +72,8 @@ def parse_model(model: str) -> ModelRef:
     return ModelRef(ModelKind.HF, str(where.resolve()))
 
 
-def _load_class(target: str) -> Any:
+def load_class(target: str) -> Any:
+    """The object `module:Qual.Name` names (ConfigError when the module lacks it)."""
     module, _, qual = target.partition(":")
     obj: Any = importlib.import_module(module)
     for part in qual.split("."):
