@@ -900,7 +900,9 @@ class _Worker:
             return {"bytes": 0}
         from loom.runtime.cluster.model import adopt_items
 
-        got = self.sc.load(self.name, self.local_rank, self.local_world)
+        # NOTE: the buffers on the rank's own device (a GPU rank's state loads back into GPU
+        # memory, not the host's)
+        got = self.sc.load(self.name, self.local_rank, self.local_world, device=str(self.device))
         adopt_items(self.model, self.optim, {f"{k.kind}/{k.name}": v for k, v in got.views.items()})
         self.step = int(got.meta.get("step", self.step))
         self.resident = True
