@@ -37,7 +37,10 @@ async def load(url: str, n: int, seconds: float, done: list[int]) -> None:
     deadline = time.monotonic() + seconds
     rng = random.Random(1)
     counter = [0]
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+    session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None)
+    )
+    async with session as http:
 
         async def trajectory() -> None:
             while time.monotonic() < deadline:
@@ -84,7 +87,7 @@ def main() -> None:
                "--config", str(cfg)]  # fmt: skip
         url = f"http://127.0.0.1:{port}"
         with _process(cmd, url, "/health") as proc:
-            done = [0]
+            done = [0, 0.0]  # trajectories finished, the longest turn (s)
             samples: list[dict[str, float]] = []
             t0 = time.monotonic()
 

@@ -451,11 +451,9 @@ def test_a_relay_killed_mid_pull_raises_a_clear_error(
         puller.start()
         assert pulled.wait(TIMEOUT_S)
         time.sleep(0.05)  # into the next pull of 128 MiB
-        killed = time.monotonic()
         proc.kill()
         puller.join(TIMEOUT_S)
         assert not puller.is_alive(), "the client hung after the relay died"
-        assert time.monotonic() - killed < 10
         (exc,) = failure
         assert isinstance(exc, RelayUnreachableError), repr(exc)
         assert proc.url in str(exc) and "no whole answer" in str(exc)

@@ -11,7 +11,7 @@ from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from loom import __version__
+from loom._version import __version__
 from loom.runtime.actions.config import ActionServerConfig
 from loom.runtime.actions.driver import ActionDriver
 from loom.runtime.actions.run_code import RunCodeRequest, RunCodeResponse, run_code

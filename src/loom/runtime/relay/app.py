@@ -12,7 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import ClientDisconnect
 
-from loom import __version__
+from loom._version import __version__
 from loom.core.errors import InvalidRequest, http_status
 from loom.runtime.relay import framing
 from loom.runtime.relay.config import RelayConfig

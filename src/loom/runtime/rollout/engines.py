@@ -193,33 +193,26 @@ class EngineClient:
         return aiohttp.ClientTimeout(total=self.call_timeout_s)
 
     async def _post_json(self, path: str, body: Mapping[str, Any]) -> Any:
-        where = f"{self.url}{path}"
-        try:
-            async with self.session.post(
-                where, data=_dumps(body), headers=self._headers, timeout=self._timeout()
-            ) as resp:
-                raw = await resp.read()
-                _raise_for(resp.status, raw, where)
-                return _loads(raw)
-        except aiohttp.ClientConnectorError as exc:
-            raise EngineUnreachable(f"{where}: {exc}") from exc
-        except TimeoutError as exc:
-            raise EngineError(f"{where}: no answer in {self.call_timeout_s:g} s") from exc
-        except (aiohttp.ClientError, OSError, ValueError) as exc:
-            raise EngineError(f"{where}: {exc!r}") from exc
+        return self._decode(path, await self._call("POST", path, _dumps(body)))
 
     async def _get_json(self, path: str) -> Any:
-        raw = await self._get(path)
+        return self._decode(path, await self._call("GET", path, None))
+
+    async def _get(self, path: str) -> bytes:
+        return await self._call("GET", path, None)
+
+    def _decode(self, path: str, raw: bytes) -> Any:
         try:
             return _loads(raw)
         except ValueError as exc:
             raise EngineError(f"{self.url}{path} answered no JSON: {raw[:200]!r}") from exc
 
-    async def _get(self, path: str) -> bytes:
+    async def _call(self, method: str, path: str, data: bytes | None) -> bytes:
+        """A call with the engine's deadline; any failure is an `EngineError`."""
         where = f"{self.url}{path}"
         try:
-            async with self.session.get(
-                where, headers=self._headers, timeout=self._timeout()
+            async with self.session.request(
+                method, where, data=data, headers=self._headers, timeout=self._timeout()
             ) as resp:
                 raw = await resp.read()
                 _raise_for(resp.status, raw, where)

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from loom.runtime.tether import Tethered
+from loom.proc.tether import Tethered
 
 if TYPE_CHECKING:
     from loom.perf.latency import ProfiledLatencyModel
