@@ -362,7 +362,7 @@ def serve_rollout(
         typer.Option(
             "--engine",
             help="an inference engine: URL[,tp=N][,max_running=N][,kind=vllm|sglang]"
-            "[,priority][,id=NAME]; repeat for more",
+            "[,priority=false][,id=NAME]; repeat for more",
         ),
     ] = None,
     placement: Annotated[

@@ -197,7 +197,7 @@ def load_config(path: Path) -> RolloutServerConfig:
 
 
 def parse_engine(spec: str, defaults: dict[str, Any] | None = None) -> dict[str, Any]:
-    """`URL[,tp=N][,max_running=N][,kind=K][,priority][,lent][,id=NAME][,node=N][,version=N]`
+    """`URL[,tp=N][,max_running=N][,kind=K][,priority=false][,lent][,id=NAME][,node=N][,version=N]`
     as the settings of one engine; `defaults` fill what the spec leaves out (None: the
     model's default)."""
     url, *opts = (part.strip() for part in spec.split(","))
@@ -216,7 +216,7 @@ def parse_engine(spec: str, defaults: dict[str, Any] | None = None) -> dict[str,
         else:
             raise ConfigError(
                 f"engine {spec!r}: unknown option {opt!r} "
-                "(tp=N, max_running=N, kind=vllm|sglang, priority, lent, id=NAME, node=N, "
+                "(tp=N, max_running=N, kind=vllm|sglang, priority[=false], lent, id=NAME, node=N, "
                 "version=N)"
             )
     try:
