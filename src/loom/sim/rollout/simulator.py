@@ -52,6 +52,13 @@ class RolloutConfig:
         default=50.0, metadata={"help": "GB/s between nodes (400 Gb/s IB)"}
     )
     migrate_kv: bool = field(default=True, metadata={"help": "move KV caches when routers migrate"})
+    requeue_in_place: bool = field(
+        default=False,
+        metadata={
+            "help": "a preempted turn keeps its place in its worker's queue (vLLM's order); "
+            "False: it queues anew (SGLang's retraction)"
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.gpus_per_node < 1 or self.max_running < 1 or self.chunk_tokens < 1:
@@ -187,6 +194,7 @@ class RolloutSimulator:
                     chunk_tokens=self.cfg.chunk_tokens,
                     decode_reserve=self.cfg.decode_reserve,
                     on_turn_done=self._turn_done,
+                    requeue_in_place=self.cfg.requeue_in_place,
                 )
             )
         return workers
