@@ -7,10 +7,11 @@ from __future__ import annotations
 import random
 
 import pytest
+from emulated_batch import batch, config, simulate
 
 from loom.core.errors import ConfigError, InvalidRequest
 from loom.core.topology import GpuType
-from loom.core.trajectory import TrajectorySpec, TurnSpec
+from loom.core.trajectory import TrajectorySpec
 from loom.rollout.baselines import CacheAwareRouter
 from loom.rollout.engine_queue import EngineQueue, EngineSchedulingPolicy
 from loom.rollout.policy import WorkerLayout
@@ -18,48 +19,6 @@ from loom.runtime.emulate import EmulatedEngine, EmulatedEngineConfig, Emulation
 from loom.runtime.rollout.standin import next_token
 from loom.sim.engine import Engine
 from loom.sim.rollout.simulator import RolloutConfig, RolloutSimulator
-
-
-def batch(n: int, seed: int = 0, long: bool = False) -> list[TrajectorySpec]:
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        turns = []
-        k = rng.randint(1, 4)
-        for j in range(k):
-            inp = rng.randint(16, 3000 if long else 600) if j == 0 else rng.randint(1, 400)
-            tool = None if j == k - 1 else rng.uniform(0.05, 2.0)
-            turns.append(TurnSpec(inp, rng.randint(1, 4000 if long else 900), tool))
-        out.append(
-            TrajectorySpec(traj_id=i, prompt_id=i, sample_idx=0, workload=None, turns=tuple(turns))
-        )
-    return out
-
-
-def config(**kw: object) -> EmulatedEngineConfig:
-    return EmulatedEngineConfig(
-        spec=EmulationSpec.parse("qwen3-14b@h100:tp2"),
-        scheduling_policy=EngineSchedulingPolicy.FCFS,
-        **kw,  # type: ignore[arg-type]
-    )
-
-
-def simulate(specs: list[TrajectorySpec], cfg: EmulatedEngineConfig):
-    sim = RolloutSimulator(
-        specs,
-        WorkerLayout(degrees=(cfg.spec.tp,)),
-        EngineQueue(policy=EngineSchedulingPolicy.FCFS),
-        CacheAwareRouter(),
-        RolloutConfig(
-            model=cfg.spec.model,
-            gpu=cfg.spec.gpu,
-            max_running=cfg.max_running,
-            chunk_tokens=cfg.chunk_tokens,
-            decode_reserve=cfg.decode_reserve,
-            requeue_in_place=True,
-        ),
-    )
-    return sim.run()
 
 
 def emulate(

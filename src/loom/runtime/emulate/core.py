@@ -45,6 +45,7 @@ class Request:
         "listener",
         "priority",
         "prompt",
+        "record",
         "rid",
         "state",
         "stop_reason",
@@ -65,6 +66,7 @@ class Request:
         self.finish_reason: str | None = None  # set once it ends: stop, length or abort
         self.stop_reason: int | None = None
         self.listener: Callable[[Request], None] | None = None  # hears its end
+        self.record: dict[str, Any] = {}  # its entry in the engine's log
 
     @property
     def done(self) -> bool:
@@ -164,9 +166,28 @@ class EmulatedEngine:
         )
         state = TrajState(spec, ())
         state.context = cached  # the prefix cached here when it arrived, if still there then
+        entry = self._entries.get(tid)
+        if entry is not None and cached < len(entry):
+            # a context that diverges from the prompt (an aborted request's last token, which
+            # its client never saw): keep the common part, as a block cache would
+            self.worker.put_idle(state, cached)
+            self._remember(tid, entry[:cached])
         state.first_arrival_s = self.eng.now
         req = Request(rid, prompt, gen, priority, state)
         req.arrival_s = self.eng.now
+        req.record = {
+            "rid": rid,
+            "arrival_s": req.arrival_s,
+            "admitted_s": None,
+            "finished_s": None,
+            "prompt_tokens": len(prompt),
+            "max_tokens": max_tokens,
+            "output_tokens": None,
+            "cached_tokens": None,
+            "finish_reason": None,
+            "priority": priority,
+        }
+        self.log.append(req.record)
         self.live[tid] = req
         self._by_rid.setdefault(rid, []).append(req)
         self.queue.priorities[tid] = float(priority)
@@ -220,6 +241,7 @@ class EmulatedEngine:
         if req.admitted_s is None:
             req.admitted_s = self.eng.now
             req.cached = cached
+            req.record.update(admitted_s=req.admitted_s, cached_tokens=cached)
             self.counts["prefix_queries"] += len(req.prompt)
             self.counts["prefix_hits"] += cached
 
@@ -244,26 +266,17 @@ class EmulatedEngine:
             del self._by_rid[req.rid]
         self.counts["generation_tokens"] += req.output_len
         self.finished[reason] += 1
-        self.log.append(
-            {
-                "rid": req.rid,
-                "arrival_s": req.arrival_s,
-                "admitted_s": req.admitted_s,
-                "finished_s": req.finished_s,
-                "prompt_tokens": len(req.prompt),
-                "output_tokens": req.output_len,
-                "cached_tokens": req.cached,
-                "finish_reason": reason,
-                "priority": req.priority,
-            }
+        req.record.update(
+            finished_s=req.finished_s, output_tokens=req.output_len, finish_reason=reason
         )
         if req.listener is not None:
             req.listener(req)
 
     # ---- prefix index --------------------------------------------------------------------
     def _match(self, prompt: list[int]) -> tuple[int, int]:
-        """The trajectory id of the longest context cached here that begins `prompt` and that
-        no live request holds, with its length; (-1, 0) when there is none."""
+        """The trajectory id of the context cached here that shares the longest beginning
+        with `prompt` and that no live request holds, with the length they share; (-1, 0)
+        when there is none."""
         if len(prompt) < PREFIX_KEY:
             return -1, 0
         key = hash(tuple(prompt[:PREFIX_KEY]))
@@ -275,10 +288,11 @@ class EmulatedEngine:
             if tokens is None or n != len(tokens):  # evicted since
                 self._forget(tid)
                 continue
-            if tid in self.live or n <= best_n or n > len(prompt):
+            if tid in self.live or n <= best_n:
                 continue
-            if prompt[:n] == tokens:
-                best, best_n = tid, n
+            common = _common(prompt, tokens)
+            if common > best_n:
+                best, best_n = tid, common
         return best, best_n
 
     def _remember(self, tid: int, context: list[int]) -> None:
@@ -308,3 +322,18 @@ class EmulatedEngine:
         for tid, tokens in list(self._entries.items()):
             if self.worker.cached_tokens(tid) != len(tokens):
                 self._forget(tid)
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    """Length of the longest common beginning of `a` and `b` (slices compare in C)."""
+    hi = min(len(a), len(b))
+    if a[:hi] == b[:hi]:
+        return hi
+    lo = 0  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo

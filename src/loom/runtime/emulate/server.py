@@ -233,6 +233,7 @@ class EmulatedServer:
         app.router.add_post("/detokenize", self.detokenize)
         app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/debug/requests", self.requests)
+        app.router.add_get("/debug/stats", self.debug_stats)
         app.on_startup.append(self._start)
         app.on_cleanup.append(self._stop)
         return app
@@ -319,7 +320,28 @@ class EmulatedServer:
         )
 
     async def requests(self, request: web.Request) -> web.Response:
+        """Every request received (the latest 200,000): emulated seconds of its arrival,
+        admission and end, its prompt, cached and output tokens, priority and finish."""
         return _json(list(self.core.log))
+
+    async def debug_stats(self, request: web.Request) -> web.Response:
+        core = self.core
+        with self.clock.step():
+            now = core.eng.now
+        return _json(
+            {
+                "now_s": now,
+                "running": core.running,
+                "waiting": core.waiting,
+                "kv_usage": core.kv_usage,
+                "kv_capacity_tokens": core.capacity,
+                "preemptions": core.worker.preemptions,
+                "prefill_tokens": core.worker.prefill_tokens,
+                "cached_hit_tokens": core.worker.cached_hit_tokens,
+                "busy_s": core.worker.busy_s,
+                "finished": core.finished,
+            }
+        )
 
     async def abort(self, request: web.Request) -> web.Response:
         body = await _body(request)
