@@ -4,7 +4,6 @@ vocabulary in which token N is the word `tN`, so text-only peers round-trip exac
 
 from __future__ import annotations
 
-import re
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -25,20 +24,21 @@ __all__ = [
     "word",
 ]
 
-_WORD = re.compile(r"t(\d{1,9})")
-
-
 def word(token: int) -> str:
     return f"t{token}"
 
 
+_IDS = {word(t): t for t in range(VOCAB)}
+
+
 def tokenize(text: str) -> list[int]:
     """One token per whitespace-separated word: `tN` is token N, any other word a hash."""
-    out = []
-    for w in text.split():
-        m = _WORD.fullmatch(w)
-        n = int(m.group(1)) if m else -1
-        out.append(n if 0 <= n < VOCAB else 3 + zlib.crc32(w.encode()) % (VOCAB - 3))
+    ids = _IDS
+    out = [ids.get(w, -1) for w in text.split()]
+    if -1 in out:
+        for i, w in enumerate(text.split()):
+            if out[i] < 0:
+                out[i] = 3 + zlib.crc32(w.encode()) % (VOCAB - 3)
     return out
 
 
@@ -47,9 +47,10 @@ def detokenize(tokens: Iterable[int]) -> str:
 
 
 def piece(tokens: Iterable[int]) -> str:
-    """The text of output tokens as a stream carries it: each word after a space; EOS, a
-    special token, has no text."""
-    return "".join(" " + word(t) for t in tokens if t != EOS)
+    """The text of output tokens as a stream carries it: each word after a space. NOTE: EOS
+    too (`t2`): this vocabulary has no special tokens in text, so that a text-only client's
+    context is the token-id one, token for token."""
+    return "".join(" " + word(t) for t in tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +122,7 @@ def logprobs_block(
             alts.setdefault(name(t), v)
         tops.append(alts)
         offsets.append(offset)
-        offset += 0 if tok == EOS else len(word(tok)) + 1
+        offset += len(word(tok)) + 1
     return {
         "text_offset": offsets,
         "token_logprobs": values,
