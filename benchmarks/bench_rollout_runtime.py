@@ -399,12 +399,30 @@ def _cpu_window(args: argparse.Namespace) -> Iterator[dict[str, float]]:
     """CPU seconds the engines (emulated ones) and this process (the agents) use inside the
     block, and its wall seconds; filled in when the block ends."""
     pids = getattr(args, "engine_pids", [])
-    out: dict[str, float] = {}
+    out: dict[str, Any] = {}
+    stats0 = _engine_stats(args)
     engines0, own0, t0 = _process_cpu(pids), _own_cpu(), time.perf_counter()
     yield out
     out["wall_s"] = time.perf_counter() - t0
     out["engines_cpu_s"] = _process_cpu(pids) - engines0
     out["agents_cpu_s"] = _own_cpu() - own0
+    stats = _engine_stats(args)
+    out["engine"] = {k: stats[k] - stats0.get(k, 0) for k in stats}
+
+
+_ENGINE_COUNTS = ("preemptions", "prefill_tokens", "cached_hit_tokens", "busy_s")
+
+
+def _engine_stats(args: argparse.Namespace) -> dict[str, float]:
+    """Emulated engines' counters, summed: preemptions, tokens prefilled and found cached,
+    GPU-busy seconds."""
+    urls = getattr(args, "engine_urls", [])
+    total = dict.fromkeys(_ENGINE_COUNTS, 0.0)
+    for url in urls:
+        got = httpx.get(url + "/debug/stats", timeout=30).json()
+        for k in _ENGINE_COUNTS:
+            total[k] += got[k]
+    return total
 
 
 def _spec(args: argparse.Namespace) -> Any:
@@ -611,6 +629,7 @@ def engines(args: argparse.Namespace) -> Iterator[list[str]]:
                 for _ in range(args.engines)
             ]
             args.engine_pids = [p.pid for p in procs]
+            args.engine_urls = [p.url for p in procs]
             yield [p.url for p in procs]
             return
         if args.vllm:
@@ -673,7 +692,12 @@ def main_emulated(args: argparse.Namespace) -> None:
             n_hist = write_history(args, work) if args.history else 0
             sims = {name: simulate_emulated(args, name, batch) for name in systems}
             for name, res in sims.items():
-                print(f"  simulated {name:>8}: {res.makespan_s:8.1f} s", flush=True)
+                print(
+                    f"  simulated {name:>8}: {res.makespan_s:8.1f} s, preemptions "
+                    f"{res.preemptions}, prefilled {res.prefill_tokens}, cached "
+                    f"{res.cache_hit_tokens}, migrations {res.migrations}",
+                    flush=True,
+                )
             runs: dict[str, list[dict[str, Any]]] = {}
             for rep in range(args.repeats):  # systems interleaved: drift hits all alike
                 for name in systems + peers:
@@ -688,7 +712,8 @@ def main_emulated(args: argparse.Namespace) -> None:
                         f"router CPU {1e3 * router / n_turns:.2f} ms/turn "
                         f"({100 * router / max(total, 1e-9):.0f}% of the run's "
                         f"{total:.1f} CPU s: engines {row['engines_cpu_s']:.1f}, agents "
-                        f"{row['agents_cpu_s']:.1f}); per turn: {per_turn(row['timing'])}",
+                        f"{row['agents_cpu_s']:.1f}); per turn: {per_turn(row['timing'])}; "
+                        "engines: " + ", ".join(f"{k} {v:.0f}" for k, v in row["engine"].items()),
                         flush=True,
                     )
             for name, got in runs.items():
