@@ -573,12 +573,17 @@ def simulate(
 
 
 def simulate_emulated(
-    args: argparse.Namespace, name: str, batch: list[tuple[TrajectorySpec, list[Turn]]]
+    args: argparse.Namespace,
+    name: str,
+    batch: list[tuple[TrajectorySpec, list[Turn]]],
+    dispatch_s: float = 0.0,
 ) -> Any:
     """The same batch in Loom's rollout simulator on the worker model the emulated engines
     run (the roofline of the emulated GPU, the engines' settings), under system `name`'s
     policies inside the workers, as `loom reproduce heddle` runs them; the router's predictor
-    fitted on the same history. KV caches do not move (the router cannot move them)."""
+    fitted on the same history. KV caches do not move (the router cannot move them).
+    `dispatch_s`: GPU seconds from a turn being ready to its engine's queue (the simulator's
+    `dispatch_delay_s`: the router's decision and the HTTP round trips)."""
     from loom.rollout.heddle.predictor import ProgressivePredictor
     from loom.rollout.policy import SCHEDULERS, WorkerLayout
     from loom.runtime.rollout.driver import make_router
@@ -605,7 +610,11 @@ def simulate_emulated(
         SCHEDULERS.get(scheduler)(),
         make_router(settings, history=history),
         RolloutConfig(
-            model=spec.model, gpu=spec.gpu, max_running=args.engine_max_running, migrate_kv=False
+            model=spec.model,
+            gpu=spec.gpu,
+            max_running=args.engine_max_running,
+            migrate_kv=False,
+            dispatch_delay_s=dispatch_s,
         ),
         predictions=predictions,
     )
@@ -662,6 +671,17 @@ def _process_cpu(pids: list[int]) -> float:
     return total
 
 
+def _round_trip_s(url: str, n: int = 50) -> float:
+    """Median wall seconds of an HTTP round trip on loopback (a GET of /health)."""
+    times = []
+    with httpx.Client(base_url=url, timeout=30) as http:
+        for _ in range(n):
+            t0 = time.perf_counter()
+            http.get("/health").raise_for_status()
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 def _own_cpu() -> float:
     t = os.times()
     return t.user + t.system
@@ -680,7 +700,11 @@ def main_emulated(args: argparse.Namespace) -> None:
         for url in urls:
             _wait(url, "/health")
         args.model_name = httpx.get(urls[0] + "/v1/models", timeout=30).json()["data"][0]["id"]
-        print(f"{len(urls)} emulated engines {args.emulate}, time scale {args.time_scale:g}")
+        rtt = _round_trip_s(urls[0])
+        print(
+            f"{len(urls)} emulated engines {args.emulate}, time scale {args.time_scale:g}; "
+            f"HTTP round trip on loopback {1e3 * rtt:.2f} ms wall"
+        )
         for kind in args.kinds.split(","):
             args.kind = kind
             batch = scaled_batch(args)
@@ -739,6 +763,13 @@ def main_emulated(args: argparse.Namespace) -> None:
                 if name in sims:
                     row["sim_s"] = sims[name].makespan_s
                     row["real_over_sim"] = row["makespan_s"] / row["sim_s"]
+                    # the router's delay per turn: its CPU per turn and two round trips (agent
+                    # to router, router to engine), wall seconds, in GPU seconds
+                    delay = (statistics.median(router) / n_turns + 2 * rtt) / args.time_scale
+                    routed = simulate_emulated(args, name, batch, delay)
+                    row["sim_dispatch_s"] = delay
+                    row["sim_routed_s"] = routed.makespan_s
+                    row["real_over_sim_routed"] = row["makespan_s"] / routed.makespan_s
                 rows.append(row)
             _report(kind, [r for r in rows if r["workload"] == kind], peers)
     if args.json:
@@ -748,12 +779,25 @@ def main_emulated(args: argparse.Namespace) -> None:
 
 def _report(kind: str, rows: list[dict[str, Any]], peers: list[str]) -> None:
     by = {r["system"]: r for r in rows}
-    print(f"{kind}: median makespan (GPU s), spread (max-min)/median, real/simulated:")
+    h_span = by["heddle"]["makespan_s"] if "heddle" in by else None
+    print(
+        f"{kind}: median makespan (GPU s), spread (max-min)/median, makespan / heddle's, "
+        "real/simulated:"
+    )
     for r in rows:
-        sim = f", sim {r['sim_s']:.1f} s, real/sim {r['real_over_sim']:.3f}" if "sim_s" in r else ""
+        if h_span is not None:
+            r["vs_heddle"] = r["makespan_s"] / h_span
+        sim = ""
+        if "sim_s" in r:
+            sim = (
+                f", sim {r['sim_s']:.1f} s, real/sim {r['real_over_sim']:.3f}; with the router's "
+                f"{r['sim_dispatch_s']:.2f} s/turn: sim {r['sim_routed_s']:.1f} s, real/sim "
+                f"{r['real_over_sim_routed']:.3f}"
+            )
         print(
-            f"  {r['system']:>19}: {r['makespan_s']:8.1f} s (spread {100 * r['spread']:.1f}%)"
-            f"{sim}; router {r['router_cpu_ms_per_turn']:.2f} ms CPU/turn, "
+            f"  {r['system']:>19}: {r['makespan_s']:8.1f} s (spread {100 * r['spread']:.1f}%), "
+            f"x{r.get('vs_heddle', float('nan')):.3f}{sim}; router "
+            f"{r['router_cpu_ms_per_turn']:.2f} ms CPU/turn, "
             f"{100 * r['router_cpu_share']:.1f}% of the run's CPU"
         )
     if "heddle" not in by:

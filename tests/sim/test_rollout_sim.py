@@ -175,3 +175,36 @@ def test_bad_input_is_rejected(batch):
             cfg,
             predictions=[(1.0,)],
         )
+
+
+@pytest.mark.parametrize("router", ["cache", "heddle"])
+def test_dispatch_delay_adds_once_per_turn_on_an_idle_cluster(router):
+    # One trajectory alone: nothing else moves, so each of its turns reaches the worker
+    # `dispatch_delay_s` later and the trajectory ends that much later per turn.
+    traj = TrajectorySpec(
+        traj_id=0,
+        prompt_id=0,
+        sample_idx=0,
+        workload=WorkloadKind.CODING,
+        turns=(TurnSpec(512, 64, 2.0), TurnSpec(128, 32, 1.0), TurnSpec(64, 16, None)),
+    )
+    base = RolloutConfig(model="qwen3-8b")
+    late = RolloutConfig(model="qwen3-8b", dispatch_delay_s=0.25)
+    _, a = _run([traj], (1, 1), "pps", router, base, _oracle([traj]))
+    _, b = _run([traj], (1, 1), "pps", router, late, _oracle([traj]))
+    assert b.makespan_s == pytest.approx(a.makespan_s + 3 * 0.25, rel=1e-9)
+    assert b.output_tokens == a.output_tokens and b.prefill_tokens == a.prefill_tokens
+
+
+def test_dispatch_delay_slows_a_contended_batch_but_loses_nothing(batch):
+    _, a = _run(batch, (2, 2), "pps", "heddle", preds=_oracle(batch))
+    late = RolloutConfig(model="qwen3-8b", dispatch_delay_s=0.5)
+    _, b = _run(batch, (2, 2), "pps", "heddle", late, _oracle(batch))
+    assert b.output_tokens == a.output_tokens
+    assert np.all(b.finish_s >= np.array([t.tool_time_s + 0.5 * t.num_turns for t in batch]))
+
+
+@pytest.mark.parametrize("bad", [-0.1, float("nan")])
+def test_dispatch_delay_must_be_a_time(bad):
+    with pytest.raises(ConfigError, match="dispatch_delay_s"):
+        RolloutConfig(dispatch_delay_s=bad)

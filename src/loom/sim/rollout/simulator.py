@@ -59,10 +59,21 @@ class RolloutConfig:
             "False: it queues anew (SGLang's retraction)"
         },
     )
+    dispatch_delay_s: float = field(
+        default=0.0,
+        metadata={
+            "help": "seconds from a turn being ready (the batch's start, a tool's return) to "
+            "its worker's queue: a router's decision and the HTTP round trips of a served "
+            "rollout (agent to router to engine and back). 0: the policies run inside the "
+            "workers, as in the papers' simulations"
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.gpus_per_node < 1 or self.max_running < 1 or self.chunk_tokens < 1:
             raise ConfigError("gpus_per_node, max_running and chunk_tokens must be >= 1")
+        if not self.dispatch_delay_s >= 0:
+            raise ConfigError(f"dispatch_delay_s must be >= 0, got {self.dispatch_delay_s}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -204,6 +215,14 @@ class RolloutSimulator:
         if self._ran:
             raise RuntimeError("a RolloutSimulator runs once; build a new one")
         self._ran = True
+        if self.cfg.dispatch_delay_s > 0:  # the first turns reach the workers after the router
+            self.eng.after(self.cfg.dispatch_delay_s, self._start)
+        else:
+            self._start()
+        self.eng.run()
+        return self._result()
+
+    def _start(self) -> None:
         self.router.start(self.trajs, self.views)
         touched = set()
         for t in self.trajs:
@@ -212,8 +231,6 @@ class RolloutSimulator:
             touched.add(w)
         for w in sorted(touched):
             self.workers[w].poke()
-        self.eng.run()
-        return self._result()
 
     def _route(self, t: TrajState) -> int:
         w = self.router.route(t, self.views, self.eng.now)
@@ -234,7 +251,9 @@ class RolloutSimulator:
         t.tool_returned = False
         w.put_idle(t, t.context)
         assert turn.tool_latency_s is not None
-        self.eng.after(turn.tool_latency_s, self._tool_return, t, priority=0)
+        # the reply reaches the agent, the tool runs, the next turn reaches the router
+        delay = turn.tool_latency_s + self.cfg.dispatch_delay_s
+        self.eng.after(delay, self._tool_return, t, priority=0)
         self._send_ahead(t, w.idx)
         self._schedule_rebalance()
 
