@@ -97,6 +97,22 @@ class Turn:
 _UNLIMITED = httpx.Limits(max_connections=None, max_keepalive_connections=None)
 # NOTE: httpx's default pool holds 100 connections: beyond 100 trajectories the agents would
 # queue in the client, not in the router
+_PER_CLIENT = 8
+# NOTE: httpcore scans every connection of its pool on each request (is_idle, has_expired):
+# 512 agents on one client spent 49 CPU s of a 64 s run there. One client per 8 agents.
+
+
+@contextlib.asynccontextmanager
+async def _clients(url: str, n_agents: int) -> Any:
+    """HTTP clients for `n_agents` agents, `_PER_CLIENT` to a client, made before the clock
+    starts (each builds an SSL context)."""
+    async with contextlib.AsyncExitStack() as stack:
+        yield [
+            await stack.enter_async_context(
+                httpx.AsyncClient(base_url=url, timeout=3600, limits=_UNLIMITED)
+            )
+            for _ in range(max(1, -(-n_agents // _PER_CLIENT)))
+        ]
 
 
 def _workload(args: argparse.Namespace) -> AgenticWorkload:
@@ -132,8 +148,7 @@ async def agent(
     http: httpx.AsyncClient,
     key: str,
     turns: list[Turn],
-    vocab: int,
-    rng: random.Random,
+    draws: list[list[int]],
     words: list[str] | None = None,
     sleep_scale: float = 1.0,
     model: str = "loom-tiny",
@@ -142,12 +157,12 @@ async def agent(
     drawn tokens as their words, the generated tokens as the text the engine returned (ids
     past the tokenizer's vocabulary, which the random model can emit, detokenize to nothing,
     so such a context can be a few tokens shorter than the token-id one). Tool latencies are
-    slept times `sleep_scale` (an emulated engine's time scale)."""
+    slept times `sleep_scale` (an emulated engine's time scale). `draws`: the prompt's and each
+    tool reply's tokens, drawn before the clock starts (`draw_tokens`)."""
     context: list[int] = []
     text = ""
     generated = 0
-    for turn in turns:
-        drawn = [rng.randrange(3, vocab) for _ in range(turn.input_tokens)]
+    for turn, drawn in zip(turns, draws, strict=True):
         context += drawn
         body: dict[str, Any] = {
             "max_tokens": turn.output_tokens,
@@ -190,6 +205,22 @@ def _rng(seed: int, spec: TrajectorySpec) -> random.Random:
     return random.Random(seed * 7919 + spec.traj_id)
 
 
+Draws = dict[int, list[list[int]]]
+
+
+def draw_tokens(batch: list[tuple[TrajectorySpec, list[Turn]]], seed: int) -> Draws:
+    """Each trajectory's prompt and tool-reply tokens, per turn, drawn once before any run:
+    at paper scale they are millions of tokens, whose drawing inside a run would charge the
+    agents' CPU to the makespan."""
+    out: Draws = {}
+    for spec, turns in batch:
+        rng = _rng(seed, spec)
+        out[spec.traj_id] = [
+            [rng.randrange(3, VOCAB) for _ in range(t.input_tokens)] for t in turns
+        ]
+    return out
+
+
 async def vocabulary(engine: str, model: str = MODEL) -> list[str]:
     """Word of each token id of the engine's word-level tokenizer, checked to round-trip."""
     async with httpx.AsyncClient(base_url=engine, timeout=60) as http:
@@ -205,21 +236,22 @@ async def vocabulary(engine: str, model: str = MODEL) -> list[str]:
 async def run_peer_batch(
     url: str,
     batch: list[tuple[TrajectorySpec, list[Turn]]],
-    seed: int,
+    draws: Draws,
     words: list[str],
     scale: float = 1.0,
     model: str = MODEL,
 ) -> dict:
     """The batch through a peer router: no declaration, no end, no Loom stats. Times are
     wall seconds / `scale` (GPU seconds of emulated engines)."""
-    async with httpx.AsyncClient(base_url=url, timeout=3600, limits=_UNLIMITED) as http:
+    async with _clients(url, len(batch)) as pool:
         t0 = time.perf_counter()
         tokens = await asyncio.gather(
             *(
-                agent(http, f"t{s.traj_id}", t, VOCAB, _rng(seed, s), words, scale, model)
-                for s, t in batch
+                agent(pool[i // _PER_CLIENT], f"t{s.traj_id}", t, draws[s.traj_id], words, scale,
+                      model)
+                for i, (s, t) in enumerate(batch)
             )
-        )
+        )  # fmt: skip
         makespan = (time.perf_counter() - t0) / scale
     return {
         "makespan_s": makespan,
@@ -232,9 +264,10 @@ async def run_peer_batch(
 
 
 async def run_batch(
-    url: str, batch: list[tuple[TrajectorySpec, list[Turn]]], seed: int, scale: float = 1.0
+    url: str, batch: list[tuple[TrajectorySpec, list[Turn]]], draws: Draws, scale: float = 1.0
 ) -> dict:
-    async with httpx.AsyncClient(base_url=url, timeout=3600, limits=_UNLIMITED) as http:
+    async with _clients(url, len(batch)) as pool:
+        http = pool[0]
         declared = [
             {
                 "id": f"t{s.traj_id}",
@@ -247,8 +280,8 @@ async def run_batch(
         t0 = time.perf_counter()
         tokens = await asyncio.gather(
             *(
-                agent(http, f"t{s.traj_id}", turns, VOCAB, _rng(seed, s), None, scale)
-                for s, turns in batch
+                agent(pool[i // _PER_CLIENT], f"t{s.traj_id}", turns, draws[s.traj_id], None, scale)
+                for i, (s, turns) in enumerate(batch)
             )
         )
         makespan = (time.perf_counter() - t0) / scale
@@ -336,6 +369,7 @@ def run_system(
 ) -> dict[str, Any]:
     """One run of the batch through a fresh router configured as system `name`."""
     scale = args.time_scale if args.emulate else 1.0
+    draws = _draws(args, batch)
     if name in PEERS:
         from bench_rollout_router import sglang_router
 
@@ -345,7 +379,7 @@ def run_system(
                 raise SystemExit(f"{name} needs sglang-router: pip install sglang-router")
             with _cpu_of(peer[1]) as used, _cpu_window(args) as window:
                 row = asyncio.run(
-                    run_peer_batch(peer[0], batch, args.seed, words, scale, args.model_name)
+                    run_peer_batch(peer[0], batch, draws, words, scale, args.model_name)
                 )
             return {"system": name, **row, "router_cpu_s": used(), **window}
     placement, scheduler = SYSTEMS[name]
@@ -371,7 +405,7 @@ def run_system(
         with BackgroundRouter(cfg) as router:
             _wait_fitted(router.url, n_hist)
             with _cpu_window(args) as window:
-                row = asyncio.run(run_batch(router.url, batch, args.seed, scale))
+                row = asyncio.run(run_batch(router.url, batch, draws, scale))
             return {"system": name, **row, **window}
     # As users run it, and as the peer runs: a process of its own.
     from bench_rollout_router import _free_port, _process
@@ -390,7 +424,7 @@ def run_system(
     with _process(cmd, url, "/health") as proc:
         _wait_fitted(url, n_hist)
         with _cpu_of(proc.pid) as used, _cpu_window(args) as window:
-            row = asyncio.run(run_batch(url, batch, args.seed, scale))
+            row = asyncio.run(run_batch(url, batch, draws, scale))
         return {"system": name, **row, "router_cpu_s": used(), **window}
 
 
@@ -423,6 +457,16 @@ def _engine_stats(args: argparse.Namespace) -> dict[str, float]:
         for k in _ENGINE_COUNTS:
             total[k] += got[k]
     return total
+
+
+def _draws(args: argparse.Namespace, batch: list[tuple[TrajectorySpec, list[Turn]]]) -> Draws:
+    """The batch's drawn tokens, drawn on its first run and kept for the others."""
+    key = (args.kind, len(batch))
+    cache = args.__dict__.setdefault("draw_cache", {})
+    if key not in cache:
+        cache.clear()  # one workload at a time: a paper-scale one is millions of tokens
+        cache[key] = draw_tokens(batch, args.seed)
+    return cache[key]
 
 
 def _spec(args: argparse.Namespace) -> Any:
