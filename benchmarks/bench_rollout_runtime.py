@@ -621,13 +621,15 @@ def simulate_emulated(
     name: str,
     batch: list[tuple[TrajectorySpec, list[Turn]]],
     dispatch_s: float = 0.0,
+    decision_s: float = 0.0,
 ) -> Any:
     """The same batch in Loom's rollout simulator on the worker model the emulated engines
     run (the roofline of the emulated GPU, the engines' settings), under system `name`'s
     policies inside the workers, as `loom reproduce heddle` runs them; the router's predictor
     fitted on the same history. KV caches do not move (the router cannot move them).
-    `dispatch_s`: GPU seconds from a turn being ready to its engine's queue (the simulator's
-    `dispatch_delay_s`: the router's decision and the HTTP round trips)."""
+    `dispatch_s`: GPU seconds from a turn being ready to the router (the simulator's
+    `dispatch_delay_s`: the HTTP round trips); `decision_s`: the router's GPU seconds per turn,
+    one turn at a time (`router_decision_s`)."""
     from loom.rollout.heddle.predictor import ProgressivePredictor
     from loom.rollout.policy import SCHEDULERS, WorkerLayout
     from loom.runtime.rollout.driver import make_router
@@ -659,6 +661,7 @@ def simulate_emulated(
             max_running=args.engine_max_running,
             migrate_kv=False,
             dispatch_delay_s=dispatch_s,
+            router_decision_s=decision_s,
         ),
         predictions=predictions,
     )
@@ -807,11 +810,14 @@ def main_emulated(args: argparse.Namespace) -> None:
                 if name in sims:
                     row["sim_s"] = sims[name].makespan_s
                     row["real_over_sim"] = row["makespan_s"] / row["sim_s"]
-                    # the router's delay per turn: its CPU per turn and two round trips (agent
-                    # to router, router to engine), wall seconds, in GPU seconds
-                    delay = (statistics.median(router) / n_turns + 2 * rtt) / args.time_scale
-                    routed = simulate_emulated(args, name, batch, delay)
-                    row["sim_dispatch_s"] = delay
+                    # the served router: its CPU per turn, spent one turn at a time (one event
+                    # loop), and two round trips (agent to router, router to engine) per turn;
+                    # wall seconds, in GPU seconds
+                    decision = statistics.median(router) / n_turns / args.time_scale
+                    routed = simulate_emulated(
+                        args, name, batch, 2 * rtt / args.time_scale, decision
+                    )
+                    row["sim_decision_s"] = decision
                     row["sim_routed_s"] = routed.makespan_s
                     row["real_over_sim_routed"] = row["makespan_s"] / routed.makespan_s
                 rows.append(row)
@@ -835,7 +841,7 @@ def _report(kind: str, rows: list[dict[str, Any]], peers: list[str]) -> None:
         if "sim_s" in r:
             sim = (
                 f", sim {r['sim_s']:.1f} s, real/sim {r['real_over_sim']:.3f}; with the router's "
-                f"{r['sim_dispatch_s']:.2f} s/turn: sim {r['sim_routed_s']:.1f} s, real/sim "
+                f"{r['sim_decision_s']:.3f} s/turn: sim {r['sim_routed_s']:.1f} s, real/sim "
                 f"{r['real_over_sim_routed']:.3f}"
             )
         print(

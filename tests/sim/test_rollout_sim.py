@@ -204,7 +204,27 @@ def test_dispatch_delay_slows_a_contended_batch_but_loses_nothing(batch):
     assert np.all(b.finish_s >= np.array([t.tool_time_s + 0.5 * t.num_turns for t in batch]))
 
 
-@pytest.mark.parametrize("bad", [-0.1, float("nan")])
-def test_dispatch_delay_must_be_a_time(bad):
-    with pytest.raises(ConfigError, match="dispatch_delay_s"):
-        RolloutConfig(dispatch_delay_s=bad)
+def test_router_decisions_are_one_at_a_time():
+    # Decisions far longer than a turn: the k-th first turn reaches its worker after k
+    # decisions and runs alone, and a second turn waits for no one (the others are done).
+    def traj(i, turns):
+        return TrajectorySpec(
+            traj_id=i, prompt_id=i, sample_idx=0, workload=WorkloadKind.MATH, turns=turns
+        )
+
+    one = (TurnSpec(256, 32, None),)
+    two = (TurnSpec(256, 32, 5.0), TurnSpec(64, 32, None))
+    alone = _run([traj(0, one)], (1,), "fcfs", "least")[1].makespan_s
+    alone_two = _run([traj(0, two)], (1,), "fcfs", "least")[1].makespan_s
+    cfg = RolloutConfig(model="qwen3-8b", router_decision_s=100.0)
+    _, res = _run([traj(0, one), traj(1, one), traj(2, one)], (1,), "fcfs", "least", cfg)
+    assert res.finish_s == pytest.approx([100 + alone, 200 + alone, 300 + alone], rel=1e-9)
+    _, res = _run([traj(0, two)], (1,), "fcfs", "least", cfg)
+    assert res.makespan_s == pytest.approx(200 + alone_two, rel=1e-9)
+
+
+@pytest.mark.parametrize("bad", [-0.1, float("nan"), float("inf")])
+@pytest.mark.parametrize("name", ["dispatch_delay_s", "router_decision_s"])
+def test_dispatch_delay_must_be_a_time(bad, name):
+    with pytest.raises(ConfigError, match=name):
+        RolloutConfig(**{name: bad})

@@ -68,12 +68,22 @@ class RolloutConfig:
             "workers, as in the papers' simulations"
         },
     )
+    router_decision_s: float = field(
+        default=0.0,
+        metadata={
+            "help": "seconds a served router spends on each turn, one turn at a time (its "
+            "event loop is one thread): turns ready at once wait for each other's decisions, "
+            "as the batch's first turns do. 0: decisions take no time"
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.gpus_per_node < 1 or self.max_running < 1 or self.chunk_tokens < 1:
             raise ConfigError("gpus_per_node, max_running and chunk_tokens must be >= 1")
-        if not self.dispatch_delay_s >= 0:
-            raise ConfigError(f"dispatch_delay_s must be >= 0, got {self.dispatch_delay_s}")
+        for name in ("dispatch_delay_s", "router_decision_s"):
+            value = getattr(self, name)
+            if not 0 <= value < float("inf"):
+                raise ConfigError(f"{name} must be a finite number >= 0, got {value}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -177,6 +187,7 @@ class RolloutSimulator:
         self._active = len(self.trajs)
         self._rebalance_due = False
         self._series: list[tuple[float, int]] = [(0.0, self._active)]
+        self._router_free = 0.0  # when the served router has decided every turn it holds
         self._ran = False
 
     def _build_workers(
@@ -224,6 +235,10 @@ class RolloutSimulator:
 
     def _start(self) -> None:
         self.router.start(self.trajs, self.views)
+        if self.cfg.router_decision_s > 0:  # one first turn after another through the router
+            for t in self.trajs:
+                self.eng.after(self._router_wait(), self._enqueue, t)
+            return
         touched = set()
         for t in self.trajs:
             w = self._route(t)
@@ -297,7 +312,19 @@ class RolloutSimulator:
             self._stall_since[traj_id] = self.eng.now
             self._request_migration(t, src, target)
 
+    def _router_wait(self) -> float:
+        """Seconds from now until the served router has decided a turn that reaches it now:
+        the turns before it, then its own decision."""
+        self._router_free = max(self.eng.now, self._router_free) + self.cfg.router_decision_s
+        return self._router_free - self.eng.now
+
     def _tool_return(self, t: TrajState) -> None:
+        if self.cfg.router_decision_s > 0:
+            self.eng.after(self._router_wait(), self._decided, t)
+            return
+        self._decided(t)
+
+    def _decided(self, t: TrajState) -> None:
         t.tool_returned = True
         if t.migrating_to >= 0:
             self._stall_since[t.traj_id] = self.eng.now  # wait for the KV to land
