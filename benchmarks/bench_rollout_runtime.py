@@ -105,14 +105,22 @@ _PER_CLIENT = 8
 @contextlib.asynccontextmanager
 async def _clients(url: str, n_agents: int) -> Any:
     """HTTP clients for `n_agents` agents, `_PER_CLIENT` to a client, made before the clock
-    starts (each builds an SSL context)."""
+    starts (each builds an SSL context), their connections opened in waves: 512 agents
+    connecting at once overflow a server's listen backlog (aiohttp's is 128), and a connection
+    the kernel dropped from it fails its first request (httpx.ReadError)."""
     async with contextlib.AsyncExitStack() as stack:
-        yield [
+        pool = [
             await stack.enter_async_context(
                 httpx.AsyncClient(base_url=url, timeout=3600, limits=_UNLIMITED)
             )
             for _ in range(max(1, -(-n_agents // _PER_CLIENT)))
         ]
+        wave = max(1, 64 // _PER_CLIENT)
+        for i in range(0, len(pool), wave):
+            await asyncio.gather(
+                *(c.get("/health") for c in pool[i : i + wave] for _ in range(_PER_CLIENT))
+            )
+        yield pool
 
 
 def _workload(args: argparse.Namespace) -> AgenticWorkload:
