@@ -24,7 +24,7 @@ from loom.cluster.plexrl import (
     PlexPlacement,
     Timeline,
 )
-from loom.sim.rng import stream
+from loom.core.rng import stream
 
 # Table 2: cycle, compute_log_prob, update_actor, sync_weight (s) of the 7B, 30B and 235B jobs
 SHAPES = ((289, 10, 38, 10), (285, 20, 56, 8), (590, 20, 82, 9))

@@ -14,7 +14,7 @@ from loom.actions.managers.cpu import CpuManager, CpuNode
 from loom.actions.tangram.scheduler import ElasticScheduler, TangramConfig
 from loom.core.actions import ActionKind, ActionSpec
 from loom.core.resources import RangeSet
-from loom.sim.rng import stream
+from loom.core.rng import stream
 
 
 def amdahl(p: float):

@@ -2,7 +2,9 @@
 
 from typing import Any
 
-__version__ = "0.1.0"
+from loom._version import __version__
+
+__all__ = ["__version__"]
 
 
 def __getattr__(name: str) -> Any:

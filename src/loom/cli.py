@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -112,7 +113,28 @@ TokenOption = Annotated[
         show_default=False,
     ),
 ]
+AllowOpenOption = Annotated[
+    bool,
+    typer.Option(
+        "--allow-open",
+        help="serve beyond loopback without a token (warns loudly; refused otherwise)",
+    ),
+]
+ClosedHealthOption = Annotated[
+    bool,
+    typer.Option("--closed-health", help="health and metrics need the token too"),
+]
+ConfigOption = Annotated[Path | None, typer.Option("--config", help="TOML or JSON settings file")]
 app.add_typer(serve_app, name="serve")
+
+
+def _access(token: str | None, allow_open: bool, closed_health: bool) -> dict[str, Any]:
+    """The access settings every `loom serve` takes, as overrides (None: unchanged)."""
+    return {
+        "token": token,
+        "allow_open": True if allow_open else None,
+        "open_health": False if closed_health else None,
+    }
 
 
 @serve_app.command("actions")
@@ -160,6 +182,8 @@ def serve_actions(
         ),
     ] = None,
     token: TokenOption = None,
+    allow_open: AllowOpenOption = False,
+    closed_health: ClosedHealthOption = False,
 ) -> None:
     """Serve tool and reward actions over HTTP, scheduled by an action policy."""
     from loom.core.errors import ConfigError
@@ -182,7 +206,7 @@ def serve_actions(
             retain_s=retain_s,
             retain_max=retain_max,
             trajectory_idle_s=trajectory_idle_s,
-            token=token,
+            **_access(token, allow_open, closed_health),
         )
         node = local_cpu_node(settings.cores, settings.memory_gb)
         policy_factory(settings.policy)
@@ -202,6 +226,9 @@ def serve_actions(
             " API docs at /docs"
         )
 
+    from loom.runtime.access import warn_if_open
+
+    warn_if_open(settings, "action server")
     serve(settings, on_bound=announce)
 
 
@@ -228,25 +255,33 @@ def serve_relay(
         ),
     ] = None,
     token: TokenOption = None,
+    allow_open: AllowOpenOption = False,
+    closed_health: ClosedHealthOption = False,
+    config: ConfigOption = None,
 ) -> None:
     """Relay model weights from training ranks to serving ranks over HTTP (ROSE's relay
     store): versioned objects pushed in buckets, pulled in batches, kept while a member needs
     them."""
     from loom.core.errors import ConfigError
+    from loom.core.settings import load_settings
     from loom.runtime.relay.config import RelayConfig, parse_size
     from loom.runtime.relay.server import serve
 
     try:
-        settings = RelayConfig().with_overrides(
+        base = load_settings(RelayConfig, config, "relay") if config else RelayConfig()
+        settings = base.with_overrides(
             host=host,
             port=port,
             max_bytes=parse_size(max_bytes) if max_bytes is not None else None,
             max_object_bytes=parse_size(max_object_bytes) if max_object_bytes is not None else None,
             member_ttl_s=member_ttl_s,
-            token=token,
+            **_access(token, allow_open, closed_health),
         )
     except ConfigError as exc:
         raise typer.BadParameter(str(exc)) from None
+    from loom.runtime.access import warn_if_open
+
+    warn_if_open(settings, "relay")
 
     def announce(url: str) -> None:  # once bound: with --port 0 it names the port it got
         typer.echo(
@@ -259,45 +294,58 @@ def serve_relay(
 
 @serve_app.command("cluster")
 def serve_cluster(
-    host: Annotated[str, typer.Option("--host", help="address to bind")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", help="port to bind; 0 picks a free one")] = 8900,
+    host: Annotated[
+        str | None, typer.Option("--host", help="address to bind (default 127.0.0.1)")
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option("--port", help="port to bind; 0 picks a free one (8900)")
+    ] = None,
     groups: Annotated[
-        int, typer.Option("--groups", help="node groups (a deployment runs on one)")
-    ] = 1,
+        int | None, typer.Option("--groups", help="node groups (a deployment runs on one)")
+    ] = None,
     policy: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--policy",
-            help="operation policy: hrrs, hrrs_alg1, hrrn, fcfs, round_robin (RollMux)",
+            help="operation policy: hrrs (default), hrrs_alg1, hrrn, fcfs, round_robin",
         ),
-    ] = "hrrs",
+    ] = None,
     state_dir: Annotated[
         Path | None, typer.Option("--state-dir", help="where offloaded state spills to disk")
     ] = None,
     gpus_per_group: Annotated[
-        int, typer.Option("--gpus-per-group", help="GPUs of a node group (its sidecar's)")
-    ] = 8,
+        int | None, typer.Option("--gpus-per-group", help="GPUs of a node group (8)")
+    ] = None,
+    config: ConfigOption = None,
+    token: TokenOption = None,
+    allow_open: AllowOpenOption = False,
+    closed_health: ClosedHealthOption = False,
 ) -> None:
     """PlexRL's Scheduler and Router: RL jobs create deployments (worker-process groups on
     node groups) and send them operations; the service runs them one at a time per node
     group under its operation policy, switching state between jobs (needs the torch extra)."""
-    from pydantic import ValidationError
-
+    from loom.core.errors import ConfigError
+    from loom.core.settings import load_settings, override
     from loom.runtime.cluster.app import ClusterConfig, serve
 
     try:
-        settings = ClusterConfig.model_validate(
-            {
-                "host": host,
-                "port": port,
-                "groups": groups,
-                "policy": policy,
-                "state_dir": state_dir,
-                "gpus_per_group": gpus_per_group,
-            }
+        base = load_settings(ClusterConfig, config, "cluster") if config else ClusterConfig()
+        settings = override(
+            base,
+            "cluster",
+            host=host,
+            port=port,
+            groups=groups,
+            policy=policy,
+            state_dir=state_dir,
+            gpus_per_group=gpus_per_group,
+            **_access(token, allow_open, closed_health),
         )
-    except ValidationError as exc:
+    except ConfigError as exc:
         raise typer.BadParameter(str(exc)) from None
+    from loom.runtime.access import warn_if_open
+
+    warn_if_open(settings, "cluster service")
 
     def announce(url: str) -> None:
         typer.echo(
@@ -351,6 +399,9 @@ def serve_rollout(
             "engines' model; 'engine': ask an engine's /tokenize)",
         ),
     ] = None,
+    token: TokenOption = None,
+    allow_open: AllowOpenOption = False,
+    closed_health: ClosedHealthOption = False,
     ray: Annotated[
         bool,
         typer.Option(
@@ -417,9 +468,13 @@ def serve_rollout(
             state_dir=state_dir,
             profiles=tuple(profile) if profile else None,
             tokenizer=tokenizer,
+            **_access(token, allow_open, closed_health),
         )
     except ConfigError as exc:
         raise typer.BadParameter(str(exc)) from None
+    from loom.runtime.access import warn_if_open
+
+    warn_if_open(settings, "rollout router")
     if ray:
         ray_settings: dict[str, Any] = {
             "engines": ray_engines,
@@ -456,6 +511,43 @@ def _serve_rollout_on_ray(settings: RolloutServerConfig, ray_settings: dict[str,
     except LoomError as exc:
         console.print(str(exc), style="red", markup=False, highlight=False)
         raise typer.Exit(1) from None
+
+
+run_app = typer.Typer(help="Run RL jobs through Loom's three levels.", no_args_is_help=True)
+app.add_typer(run_app, name="run")
+
+
+@run_app.command("grpo")
+def run_grpo(
+    config: Annotated[
+        Path | None, typer.Argument(help="TOML settings (default: the two-job example)")
+    ] = None,
+    steps: Annotated[int | None, typer.Option("--steps", help="GRPO steps per job")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="records, summary, plots")] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="seed of the whole run")] = None,
+    baseline: Annotated[
+        bool,
+        typer.Option(
+            "--baseline", help="without Loom's policies: least-load router, one job after another"
+        ),
+    ] = False,
+    compare: Annotated[
+        bool, typer.Option("--compare", help="run Loom's way, then the baseline; both reported")
+    ] = False,
+) -> None:
+    """GRPO on a task with a verifiable reward, through the cluster service (training), the
+    rollout router into vLLM engines whose weights follow training, and the action server's
+    sandbox (tools, rewards)."""
+    from loom.core.errors import ConfigError
+    from loom.rl.grpo.cli import main as grpo_main
+
+    try:
+        grpo_main(
+            config, steps=steps, out=out, seed=seed, baseline=baseline, compare=compare,
+            console=console,
+        )  # fmt: skip
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 plan_app = typer.Typer(help="Plan resources for Loom's runtime.", no_args_is_help=True)
@@ -561,6 +653,7 @@ def plan_example_history(
 
 @serve_app.command("engine")
 def serve_engine(
+    ctx: typer.Context,
     port: Annotated[int, typer.Option("--port", help="port to bind; 0 picks a free one")] = 0,
     host: Annotated[str, typer.Option("--host", help="address to bind")] = "127.0.0.1",
     max_running: Annotated[
@@ -618,6 +711,19 @@ def serve_engine(
             "give engines on one machine different cores: 'auto' puts each on the first",
         ),
     ] = "auto",
+    model: Annotated[
+        Path | None,
+        typer.Option("--model", help="serve this Hugging Face model directory instead"),
+    ] = None,
+    weight_sync: Annotated[
+        bool,
+        typer.Option(
+            "--weight-sync", help="load new weights from the relay without a restart (sync_weights)"
+        ),
+    ] = False,
+    config: ConfigOption = None,
+    token: TokenOption = None,
+    allow_open: AllowOpenOption = False,
 ) -> None:
     """Serve a tiny random-weight model with vLLM on the CPU (built once; nothing downloaded),
     or with --emulate an engine that behaves like a GPU."""
@@ -626,6 +732,15 @@ def serve_engine(
     from loom.core.errors import ConfigError
 
     if emulate is not None:
+        from loom.runtime.access import is_loopback
+
+        if token is not None or config is not None:
+            raise typer.BadParameter("--token and --config are not supported with --emulate")
+        if not is_loopback(host) and not allow_open:
+            raise typer.BadParameter(
+                f"an emulated engine has no token: it binds loopback only (got --host {host}); "
+                "--allow-open to bind beyond it anyway"
+            )
         _serve_emulated(
             emulate, host, port, max_running, time_scale, scheduling_policy, stream_interval_ms
         )
@@ -639,7 +754,8 @@ def serve_engine(
     )
 
     try:
-        cfg = EngineConfig(
+        settings: dict[str, Any] = _read_table(config) if config is not None else {}
+        given = dict(
             host=host,
             port=port,
             max_running=max_running,
@@ -647,8 +763,23 @@ def serve_engine(
             priority=priority,
             gpu_memory_utilization=memory,
             cpus=cpus,
+            token=token,
+            allow_open=allow_open,
+            model=model,
+            weight_sync=weight_sync,
         )
-    except ConfigError as exc:
+        # a flag left at its default does not override the file's setting
+        flag_of = {"gpu_memory_utilization": "memory"}
+        for key, value in given.items():
+            # NOTE: by name: typer carries its own copy of click's ParameterSource
+            source = ctx.get_parameter_source(flag_of.get(key, key))
+            if key not in settings or getattr(source, "name", "") != "DEFAULT":
+                settings[key] = value
+        unknown = set(settings) - {f.name for f in dataclasses.fields(EngineConfig)}
+        if unknown:
+            raise ConfigError(f"unknown engine settings {sorted(unknown)}")
+        cfg = EngineConfig(**settings)
+    except (ConfigError, TypeError) as exc:
         raise typer.BadParameter(str(exc)) from None
     console.log("[bold]loom engine[/bold]: starting vLLM on the CPU (about a minute)")
     try:
@@ -660,7 +791,7 @@ def serve_engine(
     with engine:
         console.log(
             f"[bold]loom engine[/bold] on [link]{engine.url}[/link] — model"
-            f" {engine.model_name}, max running {max_running}, log {engine.log_path}"
+            f" {engine.model_name}, max running {cfg.max_running}, log {engine.log_path}"
         )
         console.print(engine.url, highlight=False)
         try:
@@ -704,6 +835,23 @@ def _serve_emulated(
         console.print(url, highlight=False)
 
     serve(cfg, host, port, announce)
+
+
+def _read_table(path: Path) -> dict[str, Any]:
+    """A TOML or JSON file's settings table (for settings that are no pydantic model)."""
+    import json
+    import tomllib
+
+    from loom.core.errors import ConfigError
+
+    try:
+        text = path.read_text()
+        data = tomllib.loads(text) if path.suffix != ".json" else json.loads(text)
+    except (OSError, tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"cannot read config {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config {path} must hold a table of settings")
+    return data
 
 
 if __name__ == "__main__":  # pragma: no cover

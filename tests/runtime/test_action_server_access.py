@@ -20,6 +20,7 @@ def test_binding_beyond_loopback_needs_a_token() -> None:
     with pytest.raises(ValueError, match="give a token"):
         ActionServerConfig(host="0.0.0.0")
     assert ActionServerConfig(host="0.0.0.0", token=TOKEN).token == TOKEN
+    assert ActionServerConfig(host="0.0.0.0", allow_open=True).token is None  # warned at start
     assert "s3cret" not in repr(ActionServerConfig(token=TOKEN))
 
 
@@ -32,10 +33,16 @@ def test_cli_refuses_to_bind_beyond_loopback_without_a_token() -> None:
     assert out.exit_code != 0 and "token" in out.output
 
 
-def test_with_a_token_every_route_but_healthz_needs_it(make_client: Callable[..., Client]) -> None:
+def test_with_a_token_every_route_but_health_and_metrics_needs_it(
+    make_client: Callable[..., Client],
+) -> None:
     client = make_client(token=TOKEN)
     assert client.http.get("/healthz").status_code == 200
-    for method, path in (("GET", "/v1/stats"), ("GET", "/metrics"), ("POST", "/v1/actions")):
+    assert client.http.get("/metrics").status_code == 200  # open_health (the default)
+    closed = make_client(token=TOKEN, open_health=False)
+    assert closed.http.get("/healthz").status_code == 401
+    assert closed.http.get("/metrics").status_code == 401
+    for method, path in (("GET", "/v1/stats"), ("POST", "/v1/actions")):
         r = client.http.request(method, path, json={})
         assert r.status_code == 401 and "token" in r.text, (path, r.status_code)
     wrong = {"Authorization": "Bearer nope"}
@@ -54,7 +61,7 @@ def test_the_sync_client(client: Client) -> None:
         assert actions.end_trajectory("t")["workspace_removed"] is True
         with pytest.raises(ActionError) as err:
             actions.submit("t", command=["true"], timeout_s=-1)
-        assert err.value.status == 422 and "timeout_s" in err.value.message
+        assert err.value.status == 400 and "timeout_s" in err.value.message
         with pytest.raises(ActionError, match="404"):
             actions.get("act-none")
         slow = actions.submit("t", command=["sleep", "30"])
@@ -121,7 +128,7 @@ def test_run_code_speaks_sandboxfusion(client: Client) -> None:
 )
 def test_run_code_refuses_bad_input(shared_client: Client, body: dict, message: str) -> None:
     r = shared_client.http.post("/run_code", json=body)
-    assert r.status_code == 422 and message in r.text, r.text
+    assert r.status_code == 400 and message in r.text, r.text
 
 
 def test_metrics_count_actions_by_kind_and_reason(client: Client) -> None:

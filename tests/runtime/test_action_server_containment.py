@@ -171,7 +171,7 @@ def test_the_network_is_off_unless_asked(make_client: Callable[..., Client]) -> 
     r = refusing.http.post(
         "/v1/actions", json={"trajectory_id": "t", "command": ["true"], "network": True}
     )
-    assert r.status_code == 422 and "--no-network" in r.text
+    assert r.status_code == 400 and "--no-network" in r.text
 
 
 # -- the server's own end ---------------------------------------------------------------------

@@ -96,7 +96,7 @@ def test_bad_service_requests_are_4xx(make_client: Callable[..., Client]) -> Non
     ]
     for service, message in bad:
         r = client.http.post("/v1/actions", json={"trajectory_id": "g", "service": service})
-        assert r.status_code == 422 and message in r.text, r.text
+        assert r.status_code == 400 and message in r.text, r.text
     assert _call(client, "reward-a")["status"] == "succeeded"
 
 
@@ -110,6 +110,6 @@ def test_without_torch_service_actions_are_rejected_and_the_rest_works(
     r = client.http.post(
         "/v1/actions", json={"trajectory_id": "g", "service": {"name": "reward-a", "input": X}}
     )
-    assert r.status_code == 422 and TORCH_HINT in r.text
+    assert r.status_code == 400 and TORCH_HINT in r.text
     assert client.http.get("/v1/stats").json()["gpu_services_note"] == TORCH_HINT
     assert client.run(command=["true"])["status"] == "succeeded"

@@ -1,4 +1,4 @@
-"""`loom.runtime.lifeline` for real: a child tied to its parent dies when the parent is
+"""`loom.proc.lifeline` for real: a child tied to its parent dies when the parent is
 SIGKILLed, even one blocked in a sleep; a process the parent forked (without an exec) does not
 keep the tie alive; a clean stop gets its turn first."""
 
@@ -15,7 +15,7 @@ from pathlib import Path
 CHILD = """
 import sys, time
 from pathlib import Path
-from loom.runtime.lifeline import watch_parent
+from loom.proc.lifeline import watch_parent
 mark = Path(sys.argv[1])
 assert watch_parent(lambda: mark.write_text("clean stop"), grace_s=0.5)
 time.sleep(600)
@@ -23,7 +23,7 @@ time.sleep(600)
 
 PARENT = """
 import json, os, subprocess, sys, time
-from loom.runtime.lifeline import child_popen
+from loom.proc.lifeline import child_popen
 env = dict(os.environ)
 child = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]], env=env,
                          **child_popen(env))
@@ -74,7 +74,7 @@ def test_a_child_dies_with_its_sigkilled_parent(tmp_path: Path) -> None:
 
 def test_an_untied_process_watches_nothing() -> None:
     out = subprocess.run(
-        [sys.executable, "-c", "from loom.runtime.lifeline import watch_parent as w; print(w())"],
+        [sys.executable, "-c", "from loom.proc.lifeline import watch_parent as w; print(w())"],
         capture_output=True,
         text=True,
         check=True,

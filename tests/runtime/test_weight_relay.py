@@ -340,17 +340,17 @@ def test_malformed_requests_get_a_4xx_with_a_message(
     proc = start_relay("--max-object-bytes", "1M")
     with httpx.Client(base_url=proc.url, trust_env=False, timeout=TIMEOUT_S) as http:
         cases: list[tuple[httpx.Response, int, str]] = [
-            (http.put("/v1/objects/a%20b", params={"version": 1}, content=b"x"), 422, "bad key"),
-            (http.put("/v1/objects/a//b", params={"version": 1}, content=b"x"), 422, "bad key"),
-            (http.put("/v1/objects/", params={"version": 1}, content=b"x"), 422, "bad key"),
+            (http.put("/v1/objects/a%20b", params={"version": 1}, content=b"x"), 400, "bad key"),
+            (http.put("/v1/objects/a//b", params={"version": 1}, content=b"x"), 400, "bad key"),
+            (http.put("/v1/objects/", params={"version": 1}, content=b"x"), 400, "bad key"),
             (
                 http.put("/v1/objects/" + "k" * 600, params={"version": 1}, content=b"x"),
-                422,
+                400,
                 "longer",
             ),
-            (http.put("/v1/objects/a", content=b"x"), 422, "version"),
-            (http.put("/v1/objects/a", params={"version": -1}, content=b"x"), 422, "version"),
-            (http.put("/v1/objects/a", params={"version": "two"}, content=b"x"), 422, "version"),
+            (http.put("/v1/objects/a", content=b"x"), 400, "version"),
+            (http.put("/v1/objects/a", params={"version": -1}, content=b"x"), 400, "version"),
+            (http.put("/v1/objects/a", params={"version": "two"}, content=b"x"), 400, "version"),
             (
                 http.put("/v1/objects/a", params={"version": 1}, content=os.urandom(MiB + 1)),
                 413,
@@ -370,17 +370,17 @@ def test_malformed_requests_get_a_4xx_with_a_message(
                     content=b"not json",
                     headers={"Content-Type": "application/json"},
                 ),
-                422,
+                400,
                 "json",
             ),
-            (http.post("/v1/objects:batch", content=b"not json"), 422, "body"),
-            (http.post("/v1/objects:batch", json={"keys": ["../x"]}), 422, "bad key"),
-            (http.post("/v1/objects:batch", json={"keys": "a"}), 422, "keys"),
-            (http.post("/v1/members/m", json={"role": "boss"}), 422, "role"),
-            (http.post("/v1/members/-m", json={"role": "serve"}), 422, "member id"),
+            (http.post("/v1/objects:batch", content=b"not json"), 400, "body"),
+            (http.post("/v1/objects:batch", json={"keys": ["../x"]}), 400, "bad key"),
+            (http.post("/v1/objects:batch", json={"keys": "a"}), 400, "keys"),
+            (http.post("/v1/members/m", json={"role": "boss"}), 400, "role"),
+            (http.post("/v1/members/-m", json={"role": "serve"}), 400, "member id"),
             (http.delete("/v1/members/ghost"), 404, "no live member"),
-            (http.delete("/v1/versions/x"), 422, "version"),
-            (http.get("/v1/objects", params={"version": "x"}), 422, "version"),
+            (http.delete("/v1/versions/x"), 400, "version"),
+            (http.get("/v1/objects", params={"version": "x"}), 400, "version"),
             (http.get("/v1/nowhere"), 404, "Not Found"),
             (http.post("/v1/objects/a"), 405, "Method Not Allowed"),
         ]
@@ -391,16 +391,16 @@ def test_malformed_requests_get_a_4xx_with_a_message(
         assert http.get("/v1/stats").json()["objects"] == 0  # nothing of it stored
 
 
-def test_with_a_token_every_route_but_healthz_needs_it(
+def test_with_a_token_every_route_but_health_and_metrics_needs_it(
     start_relay: Callable[..., RelayProcess],
 ) -> None:
     proc = start_relay("--token", TOKEN)
     assert httpx.get(f"{proc.url}/healthz", trust_env=False).status_code == 200
+    assert httpx.get(f"{proc.url}/metrics", trust_env=False).status_code == 200
     with httpx.Client(base_url=proc.url, trust_env=False, timeout=TIMEOUT_S) as http:
         for method, path in (
             ("GET", "/v1/objects"),
             ("PUT", "/v1/objects/a?version=1"),
-            ("GET", "/metrics"),
             ("POST", "/v1/objects:batch"),
         ):
             r = http.request(method, path, content=b"{}")
@@ -451,11 +451,9 @@ def test_a_relay_killed_mid_pull_raises_a_clear_error(
         puller.start()
         assert pulled.wait(TIMEOUT_S)
         time.sleep(0.05)  # into the next pull of 128 MiB
-        killed = time.monotonic()
         proc.kill()
         puller.join(TIMEOUT_S)
         assert not puller.is_alive(), "the client hung after the relay died"
-        assert time.monotonic() - killed < 10
         (exc,) = failure
         assert isinstance(exc, RelayUnreachableError), repr(exc)
         assert proc.url in str(exc) and "no whole answer" in str(exc)

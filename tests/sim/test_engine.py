@@ -3,8 +3,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from loom.core.errors import ConfigError
+from loom.core.rng import Streams, stream
 from loom.sim.engine import Engine
-from loom.sim.rng import Streams, stream
 
 
 def test_same_time_events_run_by_priority_then_submission_order():

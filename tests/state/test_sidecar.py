@@ -8,10 +8,13 @@ let go."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import socket
 import threading
 import time
 from collections.abc import Callable
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +28,6 @@ from loom.state.sidecar import (  # noqa: E402
     StateClient,
     StateError,
     StateSidecar,
-    _send_frame,
 )
 from loom.state.weights.params import ParamSpec, ShardRule  # noqa: E402
 
@@ -105,16 +107,15 @@ def test_ranks_offload_once_per_key_and_load_back_bit_identical(sidecar: StateSi
 
 def test_a_stranger_is_dropped_unread_and_a_missing_rank_is_named(tmp_path: Path) -> None:
     with StateSidecar(SidecarConfig(gpus=2, collective_timeout_s=1.0)) as sc:
-        with (
-            pytest.raises(StateError, match="closed"),
-            StateClient(sc.address, b"not the token" * 2, timeout_s=5) as stranger,
-        ):
-            stranger.call("stats")
+        with pytest.raises(StateError, match="refused the token"):
+            StateClient(sc.address, b"not the token" * 2, timeout_s=5)
         raw = socket.socket(socket.AF_UNIX)
         raw.connect(sc.address)
-        _send_frame(raw, b"\x00" * 16)
-        _send_frame(raw, b"cos\nsystem\n(S'touch /tmp/pwned'\ntR.")  # never unpickled
-        raw.close()
+        with Connection(raw.detach()) as stranger:
+            stranger.recv_bytes()  # the challenge
+            stranger.send_bytes(b"\x00" * 64)  # no answer to it
+            with contextlib.suppress(OSError):
+                stranger.send_bytes(b"cos\nsystem\n(S'touch /tmp/pwned'\ntR.")  # never unpickled
         with sc.client() as c:
             with pytest.raises(StateError, match=r"ranks \[1\] never came"):
                 c.offload("solo", 0, 2, 0, state_of("s", 2))
@@ -124,6 +125,45 @@ def test_a_stranger_is_dropped_unread_and_a_missing_rank_is_named(tmp_path: Path
                 c.call("prefetch", dep="nope")
         assert sc.alive
     assert not Path("/tmp/pwned").exists()
+
+
+def test_the_token_never_crosses_the_wire_and_an_impostor_sidecar_is_caught(
+    tmp_path: Path,
+) -> None:
+    """The sidecar's TCP listener is for trusted networks, and still: each side proves it
+    knows the token with a MAC over the other's nonce, so an eavesdropper learns nothing
+    to replay and a peer never talks to a sidecar that does not know its token."""
+    import threading
+
+    token = b"k" * 16
+    with StateSidecar(SidecarConfig(gpus=1, tcp_host="127.0.0.1")) as sc:
+        assert sc.tcp_address is not None
+        with sc.client() as c:
+            assert c.call("stats") is not None
+    path = str(tmp_path / "fake.sock")
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(path)
+    listener.listen(1)
+    seen: list[bytes] = []
+
+    def impostor() -> None:  # challenges, keeps the answer, welcomes it, proves nothing
+        sock, _ = listener.accept()
+        with Connection(sock.detach()) as conn:
+            conn.send_bytes(b"#CHALLENGE#" + os.urandom(20))
+            seen.append(conn.recv_bytes())
+            conn.send_bytes(b"#WELCOME#")
+            conn.recv_bytes()  # the peer's challenge
+            conn.send_bytes(b"\x00" * 16)
+            with contextlib.suppress(EOFError, OSError):
+                conn.recv_bytes()
+
+    t = threading.Thread(target=impostor)
+    t.start()
+    with pytest.raises(StateError, match="did not prove it knows the token"):
+        StateClient(path, token, timeout_s=5)
+    t.join(10)
+    listener.close()
+    assert seen and token not in seen[0]
 
 
 def test_a_stopped_deployments_waiting_ranks_are_let_go(sidecar: StateSidecar) -> None:
@@ -251,3 +291,16 @@ def test_on_a_gpu_the_sidecar_copies_through_cuda_ipc(tmp_path: Path) -> None:
         assert read == nbytes(state)
         for k, v in state.items():
             assert views[k].is_cuda and torch.equal(views[k], v)
+
+
+def test_errors_cross_the_socket_as_their_kinds(sidecar: StateSidecar) -> None:
+    """A refusal keeps its type over the socket (and is a StateError too, for callers that
+    catch the sidecar's failures); an unknown call names the calls there are."""
+    from loom.core.errors import ConfigError
+
+    with sidecar.client() as c:
+        with pytest.raises(StateError, match=r"unknown call 'transmogrify'.*'offload'"):
+            c.call("transmogrify")
+        with pytest.raises(ConfigError, match="unknown deployment 'nobody'") as err:
+            c.call("keys", dep="nobody", rank=0)
+        assert isinstance(err.value, StateError)  # a caller catching the sidecar's failures

@@ -65,6 +65,26 @@ def divides(params: tuple[ParamSpec, ...], *tps: int) -> bool:
     return all(p.rule.dim is None or p.shape[p.rule.dim] % tp == 0 for p in params for tp in tps)
 
 
+Layout = tuple[int, int, int, int, int | None]
+
+
+@st.composite
+def valid_cases(draw: st.DrawFn) -> tuple[tuple[ParamSpec, ...], Layout]:
+    """A model and a layout that fits it, drawn so (never drawn and thrown away): TP degrees
+    among those that split every sharded dimension, no more stages than layers."""
+    params = draw(tiny_models())
+    tps = [tp for tp in (1, 2, 3, 4) if divides(params, tp)]
+    num_layers = 1 + max(p.layer for p in params if p.layer is not None)
+    layout = (
+        draw(st.sampled_from(tps)),
+        draw(st.integers(1, num_layers)),
+        draw(st.integers(1, 3)),
+        draw(st.sampled_from(tps)),
+        draw(st.sampled_from([None, 1, 8, 24])),
+    )
+    return params, layout
+
+
 def stage_of(plan: TransferPlan) -> dict[str, int]:
     """Brute force: layer ranges per stage, embedding first, the rest outside layers last."""
     pp = plan.train.pp
@@ -124,19 +144,30 @@ def assert_tiles(boxes: list[Box], shape: tuple[int, ...], what: str) -> None:
 # --- properties -----------------------------------------------------------------------------
 
 
-@settings(max_examples=200, deadline=None)
-@given(tiny_models(), layouts, st.integers(0, 2**32 - 1))
-def test_plans_tile_shards_publish_once_and_reassemble_exactly(
-    params: tuple[ParamSpec, ...], layout: tuple[int, int, int, int, int | None], seed: int
+@settings(max_examples=60, deadline=None)
+@given(tiny_models(), layouts)
+def test_layouts_that_do_not_fit_are_refused_saying_why(
+    params: tuple[ParamSpec, ...], layout: Layout
 ) -> None:
     t_tp, pp, dp, s_tp, max_piece = layout
     num_layers = 1 + max(p.layer for p in params if p.layer is not None)
     train, serve = TrainLayout(tp=t_tp, pp=pp, dp=dp), ServeLayout(tp=s_tp)
-    if not divides(params, t_tp, s_tp) or pp > num_layers:
-        event("refused")
+    fits = divides(params, t_tp, s_tp) and pp <= num_layers
+    event("fits" if fits else "refused")
+    if fits:
+        assert plan_transfer(params, train, serve, max_piece_bytes=max_piece).params == params
+    else:
         with pytest.raises(ConfigError, match=r"does not split evenly|decoder layers"):
             plan_transfer(params, train, serve, max_piece_bytes=max_piece)
-        return
+
+
+@settings(max_examples=200, deadline=None)
+@given(valid_cases(), st.integers(0, 2**32 - 1))
+def test_plans_tile_shards_publish_once_and_reassemble_exactly(
+    case: tuple[tuple[ParamSpec, ...], Layout], seed: int
+) -> None:
+    params, (t_tp, pp, dp, s_tp, max_piece) = case
+    train, serve = TrainLayout(tp=t_tp, pp=pp, dp=dp), ServeLayout(tp=s_tp)
     plan = plan_transfer(params, train, serve, max_piece_bytes=max_piece)
     stages = stage_of(plan)
     for r in range(s_tp):  # each serving rank's pieces tile exactly its own shards
@@ -163,14 +194,11 @@ def test_plans_tile_shards_publish_once_and_reassemble_exactly(
 
 
 @settings(max_examples=100, deadline=None)
-@given(tiny_models(), layouts)
+@given(valid_cases())
 def test_dp_ranks_split_each_shard_evenly_up_to_one_piece(
-    params: tuple[ParamSpec, ...], layout: tuple[int, int, int, int, int | None]
+    case: tuple[tuple[ParamSpec, ...], Layout],
 ) -> None:
-    t_tp, pp, dp, s_tp, max_piece = layout
-    num_layers = 1 + max(p.layer for p in params if p.layer is not None)
-    if not divides(params, t_tp, s_tp) or pp > num_layers:
-        return
+    params, (t_tp, pp, dp, s_tp, max_piece) = case
     plan = plan_transfer(
         params, TrainLayout(tp=t_tp, pp=pp, dp=dp), ServeLayout(tp=s_tp), max_piece_bytes=max_piece
     )

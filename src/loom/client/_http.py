@@ -24,7 +24,7 @@ __all__ = [
 
 def checked(
     resp: httpx.Response,
-    error: Callable[[int, str], ServiceError],
+    error: Callable[[int, str], Exception],
     message_of: Callable[[Any], str],
 ) -> Any:
     """The response's JSON, or `error(status, message)` with the message `message_of(body)`

@@ -35,9 +35,16 @@ def _check(resp: httpx.Response) -> Any:
 class RolloutClient(AsyncHttpClient):
     """`base_url`: the router. `timeout_s` bounds one request (a long turn may take minutes)."""
 
-    def __init__(self, base_url: str, *, timeout_s: float = 600.0, **httpx_options: Any) -> None:
-        # the router takes no bearer token: "" sends none (None would read LOOM_TOKEN)
-        super().__init__(base_url, token="", timeout_s=timeout_s, **httpx_options)
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None = None,
+        timeout_s: float = 600.0,
+        **httpx_options: Any,
+    ) -> None:
+        """`token`: the router's bearer token (None: `LOOM_TOKEN` if set)."""
+        super().__init__(base_url, token=token, timeout_s=timeout_s, **httpx_options)
 
     async def declare(self, trajectories: Sequence[Mapping[str, Any]]) -> dict[str, str]:
         """Declare a batch before it starts (each: id, prompt_id or prompt, optional group and
@@ -81,9 +88,11 @@ class RolloutClient(AsyncHttpClient):
         sampling_params: Mapping[str, Any] | None = None,
         *,
         trajectory_id: str | None = None,
+        **fields: Any,
     ) -> dict[str, Any]:
-        """SGLang's native `/generate`, token in and token out."""
-        body = {"input_ids": input_ids, "sampling_params": dict(sampling_params or {})}
+        """SGLang's native `/generate`, token in and token out; `fields` are more of its
+        body's (`return_logprob`, `logprob_start_len`, ...)."""
+        body = {"input_ids": input_ids, "sampling_params": dict(sampling_params or {}), **fields}
         return await self._post("/generate", body, trajectory_id)
 
 
@@ -118,6 +127,11 @@ class TrajectoryHandle:
         return await self.client.chat(messages, trajectory_id=self.id, **params)
 
     async def generate(
-        self, input_ids: list[int], sampling_params: Mapping[str, Any] | None = None
+        self,
+        input_ids: list[int],
+        sampling_params: Mapping[str, Any] | None = None,
+        **fields: Any,
     ) -> dict[str, Any]:
-        return await self.client.generate(input_ids, sampling_params, trajectory_id=self.id)
+        return await self.client.generate(
+            input_ids, sampling_params, trajectory_id=self.id, **fields
+        )

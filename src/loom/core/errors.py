@@ -14,6 +14,7 @@ __all__ = [
     "LoomError",
     "NotFound",
     "ServiceError",
+    "StorageFull",
     "TooLarge",
     "Unauthorized",
     "Unavailable",
@@ -24,27 +25,40 @@ __all__ = [
 
 
 class LoomError(Exception):
-    """Base class of Loom's own errors."""
+    """Base class of Loom's own errors. `code` names the kind in a service's error body, so
+    that a client raises the kind the service raised."""
+
+    code = "error"
 
 
 class ConfigError(LoomError, ValueError):
     """A configuration or input value is invalid; the message says which and why."""
 
+    code = "invalid"
+
 
 class InvalidRequest(LoomError, ValueError):
     """A request is malformed or asks for what cannot be done (400)."""
+
+    code = "invalid"
 
 
 class TooLarge(InvalidRequest):
     """A request is larger than the service takes (413)."""
 
+    code = "too_large"
+
 
 class Unauthorized(LoomError):
     """The request lacks the service's token (401)."""
 
+    code = "unauthorized"
+
 
 class NotFound(LoomError, KeyError):
     """What the request names does not exist (404)."""
+
+    code = "not_found"
 
     def __str__(self) -> str:  # KeyError quotes its argument; keep the message readable
         return str(self.args[0]) if self.args else "not found"
@@ -53,13 +67,25 @@ class NotFound(LoomError, KeyError):
 class Conflict(LoomError):
     """The request contradicts the service's state (409)."""
 
+    code = "conflict"
+
+
+class StorageFull(LoomError):
+    """Storing it would pass the service's memory cap; nothing was stored (507)."""
+
+    code = "storage_full"
+
 
 class Unavailable(LoomError):
     """The service cannot serve it now: no worker, shutting down (503)."""
 
+    code = "unavailable"
+
 
 class UpstreamError(LoomError):
     """A backend the service relies on failed (502); `status` relays a backend's own 4xx."""
+
+    code = "upstream"
 
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
@@ -90,6 +116,7 @@ _STATUS: tuple[tuple[type[BaseException], int], ...] = (
     (NotFound, 404),
     (UnknownPolicyError, 400),
     (Conflict, 409),
+    (StorageFull, 507),
     (Unavailable, 503),
 )
 

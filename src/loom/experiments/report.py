@@ -7,6 +7,7 @@ and its metrics with the unit in the name (DESIGN.md, "Experiments are the contr
 from __future__ import annotations
 
 import csv
+import io
 import json
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -59,11 +60,30 @@ def _fmt(v: Any) -> str:
 
 
 def print_tables(records: Sequence[Record], console: Console, title: str = "") -> None:
+    """One table per experiment. On a terminal wide enough, a table whose cells and headers
+    wrap rather than lose characters; elsewhere (a pipe, a file, CI's log, a terminal too
+    narrow for the columns) tidy CSV with every value whole, a `# title` line before each."""
     for exp, rows in by_experiment(records).items():
         cols = [c for c in _columns(rows) if c not in ("experiment", "system")]
-        table = Table(title=f"{title} {exp}".strip(), show_lines=False)
-        for c in cols:
-            table.add_column(c, justify="right" if isinstance(rows[0].get(c), float) else "left")
+        name = f"{title} {exp}".strip()
+        widths = [min(8, max(len(_fmt(r.get(c, ""))) for r in rows)) for c in cols]
+        if not console.is_terminal or sum(w + 3 for w in widths) + 1 > console.width:
+            buf = io.StringIO()
+            writer = csv.writer(buf, lineterminator="\n")
+            writer.writerow(cols)
+            writer.writerows([_fmt(r.get(c, "")) for c in cols] for r in rows)
+            console.file.write(f"# {name}\n{buf.getvalue()}\n")
+            continue
+        table = Table(title=name, show_lines=False)
+        for c, w in zip(cols, widths, strict=True):
+            right = isinstance(rows[0].get(c), float)
+            # NOTE: fold, never ellipsis: a cut value is a wrong value; "_" lets a header break
+            table.add_column(
+                c.replace("_", "_\u200b"),
+                justify="right" if right else "left",
+                overflow="fold",
+                min_width=w,
+            )
         for r in rows:
             table.add_row(*(_fmt(r.get(c, "")) for c in cols))
         console.print(table)

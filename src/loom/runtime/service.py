@@ -4,8 +4,6 @@ on a socket bound first (so `--port 0` can say which port it got)."""
 
 from __future__ import annotations
 
-import hmac
-import ipaddress
 import socket
 import threading
 import time
@@ -19,31 +17,26 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from loom.core.errors import InvalidRequest, LoomError, TooLarge, Unauthorized, http_status
+from loom.runtime.access import UNAUTHORIZED, authorized, is_loopback, is_open
+
 __all__ = [
     "GRACEFUL_S",
     "BackgroundApp",
+    "BackgroundService",
     "BearerToken",
     "BodyLimit",
     "DriverServer",
+    "add_error_handlers",
     "bind",
     "is_loopback",
+    "loom_error",
     "malformed_request",
     "run_app",
     "uvicorn_config",
 ]
 
 GRACEFUL_S = 5.0  # open requests get this long to finish when a server stops
-
-
-def is_loopback(host: str) -> bool:
-    """Whether binding `host` keeps a service on this machine (a host name may resolve
-    anywhere, so only `localhost` and loopback addresses count)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class BodyLimit:
@@ -56,9 +49,9 @@ class BodyLimit:
         self.hint = hint
 
     def _too_large(self) -> JSONResponse:
+        exc = TooLarge(f"request body over {self.max_bytes} bytes ({self.hint})")
         return JSONResponse(
-            status_code=413,
-            content={"detail": f"request body over {self.max_bytes} bytes ({self.hint})"},
+            status_code=http_status(exc), content={"detail": str(exc), "error": exc.code}
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -93,22 +86,23 @@ class BodyLimit:
 
 
 class BearerToken:
-    """ASGI middleware: every HTTP request but `/healthz` must carry `Authorization: Bearer
-    <token>` (401 otherwise). Compared in constant time."""
+    """ASGI middleware: every HTTP request but health and metrics (`open_health`; all of them
+    without it) must carry `Authorization: Bearer <token>`: 401 otherwise (`loom.runtime.
+    access`'s rule, the router's too)."""
 
-    def __init__(self, app: ASGIApp, token: str) -> None:
+    def __init__(self, app: ASGIApp, token: str, open_health: bool = True) -> None:
         self.app = app
-        self._expected = f"Bearer {token}".encode()
+        self.token = token
+        self.open_health = open_health
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] != "/healthz":
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self._expected):
+        if scope["type"] == "http" and not is_open(scope["path"], self.open_health):
+            given = dict(scope["headers"]).get(b"authorization")
+            if not authorized(given, self.token):
+                exc = Unauthorized(UNAUTHORIZED)
                 response = JSONResponse(
-                    status_code=401,
-                    content={
-                        "detail": "missing or wrong token: send Authorization: Bearer <token>"
-                    },
+                    status_code=http_status(exc),
+                    content={"detail": str(exc), "error": exc.code},
                     headers={"WWW-Authenticate": "Bearer"},
                 )
                 await response(scope, receive, send)
@@ -117,7 +111,8 @@ class BearerToken:
 
 
 async def malformed_request(request: Request, exc: Exception) -> JSONResponse:
-    """422 for a request FastAPI could not validate: where and what, never the bad value."""
+    """A request FastAPI could not validate is bad input like any other (400, as every Loom
+    service answers bad input): where and what, never the bad value."""
     # NOTE: FastAPI's own handler echoes each bad input, and a NaN or an infinity echoed
     # is not JSON: the response fails and the connection drops. Say what was wrong only.
     assert isinstance(exc, RequestValidationError)
@@ -125,7 +120,26 @@ async def malformed_request(request: Request, exc: Exception) -> JSONResponse:
         {"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": e.get("type")}
         for e in exc.errors()
     ]
-    return JSONResponse(status_code=422, content={"detail": detail})
+    status = http_status(InvalidRequest())
+    return JSONResponse(status_code=status, content={"detail": detail, "error": "invalid"})
+
+
+async def loom_error(request: Request, exc: Exception) -> JSONResponse:
+    """A Loom error kind, answered with the status `loom.core.errors.http_status` maps it to
+    and its `code`, so that a client raises the kind the service raised."""
+    assert isinstance(exc, LoomError)
+    code = getattr(exc, "CODE", None) or exc.code
+    status = http_status(exc)
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse(
+        status_code=status, content={"detail": str(exc), "error": code}, headers=headers
+    )
+
+
+def add_error_handlers(app: FastAPI) -> None:
+    """The error mapping every FastAPI service uses: bad input and Loom's error kinds."""
+    app.add_exception_handler(RequestValidationError, malformed_request)
+    app.add_exception_handler(LoomError, loom_error)
 
 
 def uvicorn_config(app: FastAPI, host: str, port: int, log_level: str = "info") -> uvicorn.Config:
@@ -185,32 +199,38 @@ class DriverServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-class BackgroundApp:
-    """A FastAPI service in a daemon thread on a socket bound first (`port` 0: a free one);
-    a context manager. `app.state.driver` stays readable after `stop`."""
+class BackgroundService:
+    """A service in a daemon thread on a socket bound first (`port` 0: a free one); a context
+    manager. One helper whatever the web framework: a subclass says how it serves
+    (`_serve`, in the thread), when it has started and how it is asked to stop."""
 
-    def __init__(
-        self, app: FastAPI, host: str, port: int, *, name: str, log_level: str = "warning"
-    ) -> None:
-        self.app = app
+    def __init__(self, host: str, port: int, *, name: str) -> None:
         self.name = name
-        self._sock, bound_host, bound_port = bind(host, port)
-        self.url = f"http://{bound_host}:{bound_port}"
-        config = uvicorn_config(self.app, bound_host, bound_port, log_level)
-        self._server = DriverServer(config, self.app)
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._sock, self.host, self.port = bind(host, port)
+        self.url = f"http://{self.host}:{self.port}"
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._error: BaseException | None = None
 
-    def _run(self) -> None:
+    def _serve(self) -> None:
+        """Serve on `self._sock` until `_request_stop`."""
+        raise NotImplementedError
+
+    def _started(self) -> bool:
+        raise NotImplementedError
+
+    def _request_stop(self) -> None:
+        raise NotImplementedError
+
+    def _main(self) -> None:
         try:
-            self._server.run(sockets=[self._sock])
+            self._serve()
         except BaseException as exc:  # surfaced by start()/stop()
             self._error = exc
 
     def start(self, timeout_s: float = 30.0) -> Self:
         self._thread.start()
         deadline = time.monotonic() + timeout_s
-        while not self._server.started:
+        while not self._started():
             if not self._thread.is_alive() or time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"the {self.name} did not start: {self._error!r}")
@@ -218,8 +238,8 @@ class BackgroundApp:
         return self
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        self._server.should_exit = True
         if self._thread.is_alive():
+            self._request_stop()
             self._thread.join(timeout_s)
         self._sock.close()
         assert not self._thread.is_alive(), f"the {self.name} did not stop"
@@ -234,3 +254,25 @@ class BackgroundApp:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+class BackgroundApp(BackgroundService):
+    """A FastAPI service under uvicorn in the background; `app.state.driver` stays readable
+    after `stop`."""
+
+    def __init__(
+        self, app: FastAPI, host: str, port: int, *, name: str, log_level: str = "warning"
+    ) -> None:
+        super().__init__(host, port, name=name)
+        self.app = app
+        config = uvicorn_config(self.app, self.host, self.port, log_level)
+        self._server = DriverServer(config, self.app)
+
+    def _serve(self) -> None:
+        self._server.run(sockets=[self._sock])
+
+    def _started(self) -> bool:
+        return bool(self._server.started)
+
+    def _request_stop(self) -> None:
+        self._server.should_exit = True

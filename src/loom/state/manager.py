@@ -494,6 +494,17 @@ class StateManager:
         finally:
             self.copier.sync()
 
+    @property
+    def plan(self) -> list[str]:
+        """The upcoming deployments, soonest first, as `set_plan` last gave them."""
+        return list(self._plan)
+
+    def owners(self, dep: str) -> tuple[dict[int, Any], dict[Any, Any], dict[str, Any]]:
+        """A deployment's ranks, its keys and its notes (copies): what another node's manager
+        needs to adopt its offloaded state."""
+        d = self._dep(dep)
+        return dict(d.ranks), dict(d.keys), dict(d.meta)
+
     def _dep(self, name: str) -> _Deployment:
         dep = self._deps.get(name)
         if dep is None:

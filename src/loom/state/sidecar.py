@@ -23,9 +23,12 @@ migration between nodes, optionally TCP):
 Copies and every call on the StateManager run on one data-plane thread, in arrival order; the
 event loop only frames messages and gathers the ranks of a collective call.
 
-Messages are length-prefixed pickles, and a connection is trusted only after its first frame —
-the sidecar's token, compared in constant time — so nothing from an unauthenticated peer is
-ever unpickled. The socket lives in a private 0700 directory.
+Messages are pickles framed by `multiprocessing.connection` (the framing the worker groups
+use too), and a connection is trusted only once both sides have proved they know the
+sidecar's token without sending it (its challenge and answer, each way: HMAC over a random
+message, HMAC-MD5 on Python 3.11 and HMAC-SHA256 from 3.12), so nothing from an
+unauthenticated peer is ever unpickled and no peer talks to a sidecar that is not the one it
+was given. The socket lives in a private 0700 directory.
 """
 
 from __future__ import annotations
@@ -33,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import hmac
 import json
 import os
 import pickle
@@ -46,27 +48,47 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, field
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from loom.core.errors import ConfigError
-from loom.runtime.lifeline import child_popen, watch_parent
+from loom.proc.lifeline import child_popen, watch_parent
 from loom.state.copy import DEFAULT_CHUNK_BYTES, DEFAULT_STREAMS
 from loom.state.manager import NotResident, StateKey, StateManager
-from loom.state.tiers import Deferred, Tier, nbytes
+from loom.state.tiers import Deferred, Tier, TierFull, nbytes
 
 __all__ = ["Loaded", "SidecarConfig", "StateClient", "StateError", "StateSidecar", "serve"]
 
 TOKEN_ENV = "LOOM_STATE_TOKEN"
-_HEADER = struct.Struct("!Q")
+_HANDSHAKE_S = 10.0  # a peer has this long to answer the challenge
 _ALIGN = 64  # every tensor in a shared-memory export starts on a 64-byte boundary
-_MAX_FRAME = 1 << 40
 
 
 class StateError(RuntimeError):
     """The sidecar refused or failed a call (its message says why)."""
+
+
+_REMOTE: dict[str, type[StateError]] = {}
+
+
+def _remote_error(kind: str, message: str) -> StateError:
+    """An error the sidecar raised, as its kind where that kind crosses the wire (a
+    `StateError` too, so that a caller catching the sidecar's failures catches it)."""
+    base = _WIRE_ERRORS.get(kind)
+    if base is None or base is StateError:
+        return StateError(message)
+    cls = _REMOTE.get(kind)
+    if cls is None:
+        cls = _REMOTE[kind] = type(
+            kind,
+            (StateError, base),
+            {"__init__": StateError.__init__, "__str__": RuntimeError.__str__},
+        )
+    return cls(message)
 
 
 class Loaded(NamedTuple):
@@ -103,37 +125,22 @@ class SidecarConfig:
             raise ConfigError("copy_chunk_bytes and copy_streams must be >= 0")
 
 
-# ---- framing -------------------------------------------------------------------------------
+# ---- connections: multiprocessing.connection's framing and challenge over a socket -------
 
 
-def _send_frame(sock: socket.socket, data: bytes) -> None:
-    sock.sendall(_HEADER.pack(len(data)) + data)
+def _set_timeouts(sock: socket.socket, seconds: float | None) -> None:
+    """Reads and writes on `sock`'s descriptor give up after `seconds` (None: never), also
+    once it is a `Connection` (whose reads are os.read on the blocking descriptor)."""
+    whole = int(seconds or 0)
+    tv = struct.pack("ll", whole, int(((seconds or 0) - whole) * 1e6))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = sock.recv_into(view[got:])
-        if k == 0:
-            raise StateError("the sidecar closed the connection")
-        got += k
-    return bytes(buf)
-
-
-def _recv_frame(sock: socket.socket) -> bytes:
-    (n,) = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
-    if n > _MAX_FRAME:
-        raise StateError(f"a frame of {n} bytes")
-    return _recv_exact(sock, n)
-
-
-async def _read_frame(reader: asyncio.StreamReader) -> bytes:
-    (n,) = _HEADER.unpack(await reader.readexactly(_HEADER.size))
-    if n > _MAX_FRAME:
-        raise StateError(f"a frame of {n} bytes")
-    return await reader.readexactly(n)
+def _connection(sock: socket.socket, timeout_s: float | None) -> Connection:
+    sock.setblocking(True)
+    _set_timeouts(sock, timeout_s)
+    return Connection(sock.detach())
 
 
 # ---- exports: a worker's memory, mapped by the sidecar ----------------------------------------
@@ -337,75 +344,105 @@ class _Server:
         self.timings: dict[str, dict[str, float]] = {}
 
     # ---- connections ----------------------------------------------------------------------
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            (n,) = _HEADER.unpack(await asyncio.wait_for(reader.readexactly(_HEADER.size), 10))
-            if n != len(self.token):
+    async def accept(self, listener: socket.socket) -> None:
+        """Take connections on `listener`, each served by a thread of its own (the framing is
+        blocking); the calls they carry run on this loop."""
+        loop = asyncio.get_running_loop()
+        while True:
+            sock, _ = await loop.sock_accept(listener)
+            conn = _connection(sock, _HANDSHAKE_S)
+            threading.Thread(
+                target=self._serve, args=(conn, loop), name="loom-state-conn", daemon=True
+            ).start()
+
+    def _serve(self, conn: Connection, loop: asyncio.AbstractEventLoop) -> None:
+        with conn:
+            try:
+                # the sidecar challenges first, then answers the peer's challenge
+                deliver_challenge(conn, self.token)
+                answer_challenge(conn, self.token)
+            except (AuthenticationError, AssertionError, OSError, EOFError):
                 return  # not ours: nothing more of it is read, nothing it sent is unpickled
-            hello = await asyncio.wait_for(reader.readexactly(n), 10)
-            if not hmac.compare_digest(hello, self.token):
-                return
+            with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+                _set_timeouts(sock, None)  # a rank waits in a collective as long as it takes
             while True:
                 try:
-                    frame = await _read_frame(reader)
-                except asyncio.IncompleteReadError:
+                    frame = conn.recv_bytes()
+                except (EOFError, OSError):
                     return
-                req = pickle.loads(frame)
                 try:
-                    reply = {"result": await self.dispatch(req)}
-                except Exception as exc:  # every refusal goes back to the caller, said plainly
-                    reply = {"error": f"{type(exc).__name__}: {exc}"}
-                data = pickle.dumps(reply, protocol=5)
-                writer.write(_HEADER.pack(len(data)) + data)
-                await writer.drain()
-        except (ConnectionError, TimeoutError, asyncio.IncompleteReadError, StateError):
-            return
-        except asyncio.CancelledError:
-            return  # the sidecar is shutting down
-        finally:
-            writer.close()
+                    reply = asyncio.run_coroutine_threadsafe(self._answer(frame), loop).result()
+                    conn.send_bytes(reply)
+                except (concurrent.futures.CancelledError, RuntimeError, OSError):
+                    return  # the sidecar is shutting down, or the peer went
+
+    async def _answer(self, frame: bytes) -> bytes:
+        req = pickle.loads(frame)
+        try:
+            reply = {"result": await self.dispatch(req)}
+        except Exception as exc:  # every refusal goes back to the caller, with its kind
+            reply = {"error": str(exc), "kind": type(exc).__name__}
+        return pickle.dumps(reply, protocol=5)
 
     async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._plane, fn, *args)
 
     async def dispatch(self, req: dict[str, Any]) -> Any:
-        op = req.get("op")
-        sm = self.sm
-        if op == "hello":
-            return {"pid": os.getpid(), "tcp": self.tcp_address}
-        if op in ("offload", "load", "bind"):
-            return await self._collective(op, req)
-        if op == "plan":
-            return await self._run(sm.set_plan, list(req["upcoming"]))
-        if op == "use":
-            return await self._run(sm.use, req["dep"], float(req["now"]))
-        if op == "prefetch":
-            return await self._run(sm.prefetch, req["dep"])
-        if op == "drop":
-            self._abandon(req["dep"], "it was dropped")
-            return await self._run(sm.drop, req["dep"])
-        if op == "abandon":
-            return self._abandon(req["dep"], "its ranks were stopped")
-        if op == "keys":
-            return await self._run(sm.keys_of, req["dep"], int(req["rank"]))
-        if op == "stats":
-            return await self._run(self._stats)
-        if op == "checkpoint":
-            return await self._run(self._checkpoint, req["dep"], Path(req["path"]))
-        if op == "materialize":
-            return await self._run(
-                sm.materialize, req["model"], req["kind"], req["params"], req["tp"], req["rank"]
-            )
-        if op == "mirror":
-            return await self._mirror(req["dep"], req["to"], req["token"])
-        if op == "adopt":
-            return await self._run(
-                sm.adopt, req["dep"], req["ranks"], req["keys"], req["tensors"], req["meta"]
-            )
-        if op == "shutdown":
-            self._stop.set()
-            return True
-        raise StateError(f"unknown call {op!r}")
+        op = str(req.get("op"))
+        handler = _HANDLERS.get(op)
+        if handler is None:
+            raise StateError(f"unknown call {op!r}; the sidecar answers {sorted(_HANDLERS)}")
+        return await handler(self, req)
+
+    # ---- the calls: one handler each (the table `_HANDLERS` names them) -------------------
+    async def _on_hello(self, req: dict[str, Any]) -> Any:
+        return {"pid": os.getpid(), "tcp": self.tcp_address}
+
+    async def _on_collective(self, req: dict[str, Any]) -> Any:
+        return await self._collective(req["op"], req)
+
+    async def _on_plan(self, req: dict[str, Any]) -> Any:
+        return await self._run(self.sm.set_plan, list(req["upcoming"]))
+
+    async def _on_use(self, req: dict[str, Any]) -> Any:
+        return await self._run(self.sm.use, req["dep"], float(req["now"]))
+
+    async def _on_prefetch(self, req: dict[str, Any]) -> Any:
+        return await self._run(self.sm.prefetch, req["dep"])
+
+    async def _on_drop(self, req: dict[str, Any]) -> Any:
+        self._abandon(req["dep"], "it was dropped")
+        return await self._run(self.sm.drop, req["dep"])
+
+    async def _on_abandon(self, req: dict[str, Any]) -> Any:
+        return self._abandon(req["dep"], "its ranks were stopped")
+
+    async def _on_keys(self, req: dict[str, Any]) -> Any:
+        return await self._run(self.sm.keys_of, req["dep"], int(req["rank"]))
+
+    async def _on_stats(self, req: dict[str, Any]) -> Any:
+        return await self._run(self._stats)
+
+    async def _on_checkpoint(self, req: dict[str, Any]) -> Any:
+        return await self._run(self._checkpoint, req["dep"], Path(req["path"]))
+
+    async def _on_materialize(self, req: dict[str, Any]) -> Any:
+        return await self._run(
+            self.sm.materialize, req["model"], req["kind"], req["params"], req["tp"], req["rank"]
+        )
+
+    async def _on_mirror(self, req: dict[str, Any]) -> Any:
+        return await self._mirror(req["dep"], req["to"], req["token"])
+
+    async def _on_adopt(self, req: dict[str, Any]) -> Any:
+        return await self._run(
+            self.sm.adopt, req["dep"], req["ranks"], req["keys"], req["tensors"], req["meta"]
+        )
+
+    async def _on_shutdown(self, req: dict[str, Any]) -> Any:
+        # NOTE: stop a moment later, so that this answer reaches its caller first
+        asyncio.get_running_loop().call_later(0.1, self._stop.set)
+        return True
 
     async def _collective(self, op: str, req: dict[str, Any]) -> Any:
         """Wait for every rank of the deployment on this node, run the move once, answer each."""
@@ -548,7 +585,7 @@ class _Server:
             "direct_io": self.sm.disk.direct_io,
             "copy": asdict(self.sm.copier.counters),
             "timings": {op: dict(row) for op, row in self.timings.items()},
-            "plan": list(self.sm._plan),
+            "plan": self.sm.plan,
             "deployments": self.sm.deployments(),
         }
 
@@ -570,14 +607,9 @@ class _Server:
             raise StateError("a deployment is mirrored to another node's sidecar, not its own")
 
         def read() -> dict[str, Any]:
-            d = self.sm._dep(dep)
+            ranks, keys, meta = self.sm.owners(dep)
             tensors = {k: t.clone() for k, t in self.sm.offloaded(dep).items()}
-            return {
-                "ranks": dict(d.ranks),
-                "keys": dict(d.keys),
-                "meta": dict(d.meta),
-                "tensors": tensors,
-            }
+            return {"ranks": ranks, "keys": keys, "meta": meta, "tensors": tensors}
 
         payload = await self._run(read)
 
@@ -615,14 +647,19 @@ def serve(address: str, cfg: SidecarConfig, token: bytes) -> None:
     server = _Server(sm, token, cfg, address)
 
     async def main() -> None:
-        unix = await asyncio.start_unix_server(server.handle, path=address)
+        unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        unix.bind(address)
         os.chmod(address, 0o600)
-        servers = [unix]
+        listeners = [unix]
         if cfg.tcp_host:
-            tcp = await asyncio.start_server(server.handle, cfg.tcp_host, 0)
-            host, port = tcp.sockets[0].getsockname()[:2]
+            tcp = socket.create_server((cfg.tcp_host, 0))
+            host, port = tcp.getsockname()[:2]
             server.tcp_address = f"tcp://{host}:{port}"
-            servers.append(tcp)
+            listeners.append(tcp)
+        for listener in listeners:
+            listener.listen(64)
+            listener.setblocking(False)
+        accepting = [asyncio.create_task(server.accept(s)) for s in listeners]
         loop = asyncio.get_running_loop()
         parent = os.getppid()
 
@@ -639,8 +676,10 @@ def serve(address: str, cfg: SidecarConfig, token: bytes) -> None:
         await server._stop.wait()
         if watch is not None:
             watch.cancel()
-        for s in servers:
-            s.close()
+        for task in accepting:
+            task.cancel()
+        for listener in listeners:
+            listener.close()
 
     orphaned = threading.Event()
     try:
@@ -654,6 +693,30 @@ def serve(address: str, cfg: SidecarConfig, token: bytes) -> None:
             shutil.rmtree(home, ignore_errors=True)  # the socket's directory, its starter's
 
 
+_HANDLERS: dict[str, Callable[[_Server, dict[str, Any]], Awaitable[Any]]] = {
+    "hello": _Server._on_hello,
+    "offload": _Server._on_collective,
+    "load": _Server._on_collective,
+    "bind": _Server._on_collective,
+    "plan": _Server._on_plan,
+    "use": _Server._on_use,
+    "prefetch": _Server._on_prefetch,
+    "drop": _Server._on_drop,
+    "abandon": _Server._on_abandon,
+    "keys": _Server._on_keys,
+    "stats": _Server._on_stats,
+    "checkpoint": _Server._on_checkpoint,
+    "materialize": _Server._on_materialize,
+    "mirror": _Server._on_mirror,
+    "adopt": _Server._on_adopt,
+    "shutdown": _Server._on_shutdown,
+}
+# errors that cross the socket as themselves (anything else arrives as a StateError)
+_WIRE_ERRORS: dict[str, type[Exception]] = {
+    cls.__name__: cls for cls in (StateError, NotResident, TierFull, ConfigError, KeyError)
+}
+
+
 # ---- the client ------------------------------------------------------------------------------
 
 
@@ -662,31 +725,62 @@ class StateClient:
     once the sidecar has done it. `address` is a socket path, or tcp://host:port."""
 
     def __init__(self, address: str, token: bytes, timeout_s: float | None = None) -> None:
-        self.address = address
+        self.address, self.timeout_s = address, timeout_s
         if address.startswith("tcp://"):
             host, port = address[len("tcp://") :].rsplit(":", 1)
-            self._sock = socket.create_connection((host, int(port)), timeout=timeout_s)
+            sock = socket.create_connection((host, int(port)), timeout=timeout_s)
         else:
-            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
-                self._sock.settimeout(timeout_s)
-                self._sock.connect(address)
+                sock.settimeout(timeout_s)
+                sock.connect(address)
             except OSError:
-                self._sock.close()
+                sock.close()
                 raise
+        self._conn = _connection(sock, timeout_s if timeout_s is not None else _HANDSHAKE_S)
         self._lock = threading.Lock()
         try:
-            _send_frame(self._sock, token)
-        except OSError:
-            self._sock.close()
+            self._authenticate(token)
+        except (OSError, EOFError, StateError):
+            self._conn.close()
             raise
+        if timeout_s is None:
+            with socket.socket(fileno=os.dup(self._conn.fileno())) as dup:
+                _set_timeouts(dup, None)
+
+    def _authenticate(self, token: bytes) -> None:
+        """Answer the sidecar's challenge, then challenge it (`multiprocessing.connection`)."""
+        try:
+            answer_challenge(self._conn, token)
+        except AssertionError:  # (3.11 asserts that the first message is a challenge)
+            raise StateError(f"{self.address} is not a Loom sidecar (no challenge)") from None
+        except AuthenticationError as exc:
+            if "rejected" in str(exc):
+                raise StateError(f"the sidecar at {self.address} refused the token") from None
+            raise StateError(f"{self.address} is not a Loom sidecar ({exc})") from None
+        except EOFError:
+            raise StateError(f"the sidecar at {self.address} refused the token") from None
+        try:
+            deliver_challenge(self._conn, token)
+        except (AuthenticationError, EOFError):
+            raise StateError(
+                f"the sidecar at {self.address} did not prove it knows the token"
+            ) from None
 
     def call(self, op: str, **kw: Any) -> Any:
         with self._lock:
-            _send_frame(self._sock, pickle.dumps({"op": op, **kw}, protocol=5))
-            reply = pickle.loads(_recv_frame(self._sock))
+            try:
+                self._conn.send_bytes(pickle.dumps({"op": op, **kw}, protocol=5))
+                reply = pickle.loads(self._conn.recv_bytes())
+            except BlockingIOError:  # the descriptor's timeout (SO_RCVTIMEO) ran out
+                raise TimeoutError(
+                    f"the sidecar at {self.address} did not answer {op} in {self.timeout_s} s"
+                ) from None
+            except EOFError:
+                raise StateError("the sidecar closed the connection") from None
         if "error" in reply:
-            raise StateError(f"sidecar {op}: {reply['error']}")
+            kind = str(reply.get("kind", "StateError"))
+            raise _remote_error(kind, f"sidecar {op}: {kind}: {reply['error']}")
         return reply["result"]
 
     # the worker's side of the data plane
@@ -750,7 +844,7 @@ class StateClient:
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
-            self._sock.close()
+            self._conn.close()
 
     def __enter__(self) -> StateClient:
         return self

@@ -118,7 +118,7 @@ def test_the_cluster_service_drives_ray_launched_deployments(ray_cluster, tmp_pa
 
 
 def test_the_service_runs_as_a_named_detached_actor(ray_cluster, tmp_path: Path) -> None:
-    from loom.runtime.cluster.ray_wpg import connect_service, deploy_service, shutdown_service
+    from loom.runtime.cluster.ray_service import connect_service, deploy_service, shutdown_service
 
     settings = ClusterConfig(port=0, gpus_per_rank=1.0, state_dir=tmp_path)
     actor, url = deploy_service(settings, namespace="loom-cluster-test")

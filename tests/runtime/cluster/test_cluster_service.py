@@ -121,8 +121,8 @@ def test_bad_input_is_refused_with_a_reason(service) -> None:
         ("post", "/v1/deployments/nope:actor/ops", {"op": "optim_step"}, 404, "no deployment"),
         ("post", "/v1/deployments", {"job_id": "j", "layout": {"dp": 1}}, 409, "exists already"),
         ("post", "/v1/deployments", {"job_id": "k", "group": 5}, 400, "no node group 5"),
-        ("post", "/v1/deployments", {"job_id": "bad id!"}, 422, "job_id"),
-        ("post", f"/v1/deployments/{dep}/ops", {"op": "forward", "extra": 1}, 422, "extra"),
+        ("post", "/v1/deployments", {"job_id": "bad id!"}, 400, "job_id"),
+        ("post", f"/v1/deployments/{dep}/ops", {"op": "forward", "extra": 1}, 400, "extra"),
         ("get", "/v1/ops/123456", None, 404, "no operation"),
         ("post", f"/v1/deployments/{dep}/ops", {"op": "save_ckpt"}, 400, "path: missing"),
         ("post", "/v1/deployments", {"job_id": "e", "estimates": {"fly": 1}}, 400, "estimates"),
@@ -130,7 +130,9 @@ def test_bad_input_is_refused_with_a_reason(service) -> None:
         ("post", f"/v1/deployments/{dep}/migrate", {"group": 3}, 400, "no node group 3"),
         ("delete", "/v1/jobs/ghost", None, 404, "no deployment of job"),
         ("post", "/v1/deployments", {"job_id": "q", "model": "Qwen/Qwen3-8B"}, 400,
-         "model 'Qwen/Qwen3-8B' is not supported: a deployment runs the built-in tiny decoder"),
+         "model 'Qwen/Qwen3-8B' is neither 'tiny' (the built-in decoder), a worker class"),
+        ("post", "/v1/deployments", {"job_id": "q", "model": "no_such_pkg:Worker"}, 400,
+         "no module 'no_such_pkg' is importable here"),
         # payloads the model cannot run are refused at submission, saying what is wrong
         (*op, {"op": "forward_backward", "payload": {"ids": [[1, 2, 300], [1, 2, 3]]}}, 400,
          "token id 300 at row 0, position 2 is outside the model's vocabulary [0, 128)"),
@@ -142,7 +144,7 @@ def test_bad_input_is_refused_with_a_reason(service) -> None:
         (*op, {"op": "optim_step", "payload": {"learning_rate": 0.1}}, 400,
          "learning_rate: not a field of this operation"),
         (*op, {"op": "sync_weights", "payload": {"tp": 3}}, 400, "tp=3 does not split"),
-        (*op, {"op": "forward", "payload": {"ids": [[1, 2]]}, "deadline_s": 0}, 422, "deadline_s"),
+        (*op, {"op": "forward", "payload": {"ids": [[1, 2]]}, "deadline_s": 0}, 400, "deadline_s"),
         (*op, {"op": "inject_fault", "payload": {"rank": 0, "action": "raise"}}, 400, "unknown"),
     ]  # fmt: skip
     for method, path, body, status, words in cases:

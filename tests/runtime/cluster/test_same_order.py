@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from loom.cluster.plexrl.hrrs import OP_POLICIES, OpPolicyKind
 from loom.runtime.cluster.driver import ClusterDriver
+from loom.runtime.cluster.launchers import FactoryLauncher
 from loom.runtime.cluster.wpg import WorkerGroupConfig
 from loom.sim.cluster.plexrl import GroupJob, NodeGroupSimulator
 
@@ -48,6 +49,9 @@ class StandIn:
 
     def start(self) -> StandIn:
         return self
+
+    def check(self, op: str, payload: dict[str, Any]) -> None:
+        pass  # (its payloads are the runtime's own)
 
     def close(self) -> None:
         pass
@@ -99,7 +103,7 @@ def runtime_order(jobs: list[GroupJob], kind: OpPolicyKind) -> list[tuple[str, s
             policy=kind,
             clock=clock,
             default_switch_s=SETUP_S,
-            launch=lambda cfg: StandIn(cfg, clock, on_done),
+            launcher=FactoryLauncher(lambda cfg: StandIn(cfg, clock, on_done)),
         )
         for j in jobs:
             est = {KIND[name]: s for name, s in j.train_ops}
@@ -162,3 +166,37 @@ def test_hrrs_orders_agree_on_random_jobs(
 ) -> None:
     jobs = make_jobs(spec, steps)
     assert runtime_order(jobs, OpPolicyKind.HRRS) == sim_order(jobs, OpPolicyKind.HRRS)
+
+
+def test_finished_operations_are_remembered_up_to_retain_ops() -> None:
+    """What finished operations leave is bounded: the oldest beyond `retain_ops` are
+    forgotten, and asking for one says so (not "no such operation")."""
+    from loom.core.errors import NotFound
+
+    async def main() -> None:
+        clock = Clock()
+        drv = ClusterDriver(
+            groups=1,
+            clock=clock,
+            retain_ops=3,
+            launcher=FactoryLauncher(lambda cfg: StandIn(cfg, clock, _noop)),
+        )
+        dep = await drv.create(job_id="j", model="tiny", role="actor", dp=1, group=0)
+        ids = []
+        for _ in range(6):
+            dep.wpg.durations.append(1.0)
+            rec = drv.submit(dep.id, "forward", PAYLOADS["forward"])
+            ids.append(rec.op_id)
+            await drv.wait(rec.op_id, 30)
+        assert [i for i in ids if i in drv.ops] == ids[-3:] and drv.forgotten >= 3
+        with pytest.raises(NotFound, match="forgotten"):
+            await drv.wait(ids[0], 0)
+        with pytest.raises(NotFound, match="no operation"):
+            await drv.wait(10_000, 0)
+        await drv.close()
+
+    asyncio.run(main())
+
+
+def _noop(name: str) -> None:
+    return None

@@ -56,6 +56,8 @@ def test_loom_serve_engine_emulate_serves_and_stops_on_sigterm() -> None:
         (["--emulate", "qwen3-14b"], "MODEL@GPU"),
         (["--emulate", "qwen3-14b@h100", "--time-scale", "0"], "time_scale"),
         (["--emulate", "qwen3-14b@h100", "--scheduling-policy", "lifo"], "lifo"),
+        (["--emulate", "qwen3-14b@h100", "--host", "0.0.0.0"], "loopback only"),
+        (["--emulate", "qwen3-14b@h100", "--token", "s3cret"], "not supported with --emulate"),
     ],
 )
 def test_a_bad_emulation_is_refused_by_name(args: list[str], message: str) -> None:

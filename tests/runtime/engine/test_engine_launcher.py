@@ -87,7 +87,6 @@ def test_a_port_in_use_is_refused_before_starting(monkeypatch: pytest.MonkeyPatc
 @pytest.mark.slow
 @pytest.mark.skipif(not engine_available(), reason=f"vLLM is not installed: {INSTALL_HINT}")
 def test_an_engine_that_fails_to_start_says_why(tmp_path: Path) -> None:
-    t0 = time.monotonic()
     with pytest.raises(EngineStartError) as info:
         EngineProcess.start(
             extra_args=("--no-such-flag",), startup_timeout_s=240, log_path=tmp_path / "log"
@@ -96,7 +95,7 @@ def test_an_engine_that_fails_to_start_says_why(tmp_path: Path) -> None:
     assert "exited with code" in message
     assert "--no-such-flag" in message  # vLLM's own complaint, from the log's tail
     assert str(tmp_path / "log") in message  # the log is kept and named
-    assert time.monotonic() - t0 < 240
+    assert "did not" not in message  # it saw the exit, not its startup deadline
 
 
 def test_cli_serve_engine_checks_its_flags(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from conftest import Rig
 
-from loom.runtime.rollout import BackgroundRouter, RolloutServerConfig
+from loom.runtime.rollout import BackgroundRouter, EngineConfig, RolloutServerConfig
 
 
 def test_generate_returns_the_engine_shape(rig) -> None:
@@ -167,8 +167,7 @@ def test_declared_batch_gets_a_plan(rig) -> None:
             400,
             "not valid JSON",
         ),
-        ("/generate", b'{"input_ids": [1], "sampling_params": {"top_p": 1e999}}', 400,
-         "infinity"),
+        ("/generate", b'{"input_ids": [1], "sampling_params": {"top_p": 1e999}}', 400, "infinity"),
         ("/generate", b'{"input_ids": [1], "sampling_params": {"top_p": "x"}}', 400, "top_p"),
         ("/generate", b'{"input_ids": []}', 400, "non-empty"),
         ("/generate", b'{"input_ids": [1, -2]}', 400, "non-negative"),
@@ -180,22 +179,42 @@ def test_declared_batch_gets_a_plan(rig) -> None:
             "generates nothing",
         ),
         ("/generate", b'{"input_ids": [1], "lora_path": "x"}', 400, "lora_path"),
-        ("/generate", b'{"input_ids": [1], "sampling_params": {"frobnicate": 1}}', 400,
-         "sampling_params.frobnicate"),
+        (
+            "/generate",
+            b'{"input_ids": [1], "sampling_params": {"frobnicate": 1}}',
+            400,
+            "sampling_params.frobnicate",
+        ),
         ("/generate", b'{"input_ids": [1], "image_data": ["x"]}', 400, "image_data"),
-        ("/generate", b'{"input_ids": [1, 2], "return_logprob": true, "logprob_start_len": 2}',
-         400, "logprob_start_len"),
+        (
+            "/generate",
+            b'{"input_ids": [1, 2], "return_logprob": true, "logprob_start_len": 2}',
+            400,
+            "logprob_start_len",
+        ),
         ("/v1/completions", b'{"prompt": [1], "n": 0}', 400, "n must be"),
         ("/v1/completions", b'{"prompt": [1], "guided_json": {}}', 400, "structured_outputs"),
-        ("/v1/completions", b'{"prompt": [1], "allowed_token_ids": [1]}', 400,
-         "not honoured by sglang"),
+        (
+            "/v1/completions",
+            b'{"prompt": [1], "allowed_token_ids": [1]}',
+            400,
+            "not honoured by sglang",
+        ),
         ("/v1/completions", b'{"prompt": [1], "echo": true}', 400, "echo"),
         ("/v1/completions", b'{"prompt": [1], "frobnicate": 1}', 400, "frobnicate"),
-        ("/v1/completions", b'{"prompt": [1], "prompt_logprobs": 1, "stream": true}', 400,
-         "streaming"),
+        (
+            "/v1/completions",
+            b'{"prompt": [1], "prompt_logprobs": 1, "stream": true}',
+            400,
+            "streaming",
+        ),
         ("/v1/completions", b'{"prompt": [1], "model": "other"}', 404, "does not exist"),
-        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}], '
-         b'"tool_choice": "auto"}', 400, "tool_choice"),
+        (
+            "/v1/chat/completions",
+            b'{"messages": [{"role": "user", "content": "x"}], "tool_choice": "auto"}',
+            400,
+            "tool_choice",
+        ),
         ("/v1/completions", b'{"prompt": ["a", "b"]}', 400, "one prompt"),
         (
             "/v1/completions",
@@ -295,8 +314,9 @@ def test_gateway_shaped_worker_registry(rig) -> None:
     assert resp.status_code == 202 and resp.json()["worker_id"] == "e1"
     again = r.http.post("/workers", json={"url": extra.url, "worker_type": "regular"})
     assert again.status_code == 202 and again.json()["worker_id"] == "e1"  # the same worker
-    pd = r.http.post("/workers", json={"url": extra.url, "worker_type": "prefill",
-                                       "bootstrap_port": 9000})
+    pd = r.http.post(
+        "/workers", json={"url": extra.url, "worker_type": "prefill", "bootstrap_port": 9000}
+    )
     assert pd.status_code == 400 and "prefill" in pd.json()["error"]["message"]
     workers = r.http.get("/workers").json()
     assert workers["total"] == 2 and workers["stats"]["regular_count"] == 2
@@ -317,3 +337,28 @@ def test_incremental_sglang_streams_are_read_as_well(rig) -> None:
     out = r.gen(None, 9).json()
     assert len(out["output_ids"]) == 9
     assert out["text"].split() == [f"t{t}" for t in out["output_ids"]]
+
+
+def test_engines_with_a_token_get_it_and_the_router_has_its_own() -> None:
+    """An engine that wants a bearer token (vLLM --api-key, `loom serve engine --token`)
+    gets it on every call; the router's own token guards the router."""
+    from conftest import start_standin
+
+    engine = start_standin(2.0, 64, "--token", "engine-token-0123456789")
+    try:
+        assert httpx.post(engine.url + "/generate", json={"input_ids": [1]}).status_code == 401
+        cfg = RolloutServerConfig(
+            port=0,
+            token="router-token-0123456789",
+            engines=(EngineConfig(url=engine.url, token="engine-token-0123456789"),),
+        )
+        with BackgroundRouter(cfg) as router, httpx.Client(base_url=router.url) as http:
+            body = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 3}}
+            refused = http.post("/generate", json=body)
+            assert refused.status_code == 401 and "token" in refused.json()["error"]["message"]
+            assert http.get("/health").status_code == 200  # health is open
+            auth = {"Authorization": "Bearer router-token-0123456789"}
+            out = http.post("/generate", json=body, headers=auth)
+            assert out.status_code == 200 and len(out.json()["output_ids"]) == 3
+    finally:
+        engine.kill()

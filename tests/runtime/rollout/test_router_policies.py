@@ -183,8 +183,8 @@ def test_when_the_last_engine_dies_the_turn_fails_with_a_message(rig) -> None:
     seen, out = threading.Event(), []
     body = {"input_ids": [1], "sampling_params": {"max_new_tokens": 500, "ignore_eos": True}}
 
-    def kill_later() -> None:
-        time.sleep(0.3)
+    def kill_later() -> None:  # once the turn runs there
+        wait_for(lambda: r.stats()["engines"]["e0"]["tokens"] > 0, 60)
         r.engines[0].kill()
 
     threading.Thread(target=kill_later).start()

@@ -9,10 +9,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import pytest
+from fake_engine import FakeEngine
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -26,20 +26,11 @@ from hypothesis.stateful import (
 from loom.core.errors import Conflict, NotFound
 from loom.runtime.rollout.config import EngineConfig, EngineKind, RolloutServerConfig
 from loom.runtime.rollout.driver import RolloutDriver
-from loom.runtime.rollout.engines import (
-    NO_LOGPROBS,
-    Delta,
-    Done,
-    EngineClient,
-    EngineError,
-    EngineUnreachable,
-    ModelInfo,
-)
-from loom.runtime.rollout.standin import EOS, next_token, token_logprob
+from loom.runtime.rollout.engines import EngineClient
+from loom.runtime.rollout.standin import next_token, token_logprob
 from loom.runtime.rollout.turn import (
     TRANSITIONS,
     LogprobSpec,
-    TokenLogprob,
     Turn,
     TurnRequest,
     TurnState,
@@ -100,62 +91,6 @@ def test_only_a_running_attempt_is_interrupted_and_ended_is_a_comparison() -> No
 
 
 # ---- in-process engines --------------------------------------------------------------------
-
-
-class FakeEngine(EngineClient):
-    """An engine in the test's process: a token every millisecond, the stand-in's tokens and
-    logprobs, faults on demand; it records how many requests ran at once."""
-
-    def __init__(self, url: str, session: Any) -> None:
-        super().__init__(url, session)
-        self.kind = EngineKind.SGLANG
-        self.model = "fake"
-        self.dead = False
-        self.hung = False
-        self.active: set[str] = set()
-        self.peak = 0
-
-    async def probe(self) -> ModelInfo:
-        if self.dead:
-            raise EngineUnreachable(f"{self.url} is dead")
-        return ModelInfo("fake", self.kind, 100_000)
-
-    async def health(self, timeout_s: float) -> bool:
-        return not (self.dead or self.hung)
-
-    async def abort(self, rid: str) -> None:
-        return None
-
-    async def generate(
-        self,
-        rid: str,
-        prompt: list[int],
-        sampling: Mapping[str, Any],
-        priority: int | None,
-        logprobs: LogprobSpec = NO_LOGPROBS,
-    ) -> AsyncIterator[Delta | Done]:
-        if self.dead:
-            raise EngineUnreachable(f"{self.url} refused the connection")
-        self.active.add(rid)
-        self.peak = max(self.peak, len(self.active))
-        try:
-            ctx = list(prompt)
-            for _ in range(int(sampling["max_tokens"])):
-                await asyncio.sleep(0.001)
-                while self.hung and not self.dead:
-                    await asyncio.sleep(0.005)
-                if self.dead:
-                    raise EngineError(f"{self.url} broke the stream")
-                tok = next_token(ctx)
-                lp = [TokenLogprob(token_logprob(ctx, tok))] if logprobs.output else None
-                ctx.append(tok)
-                yield Delta([tok], f" t{tok}", lp)
-                if tok == EOS and not sampling.get("ignore_eos"):
-                    yield Done("stop", tok)
-                    return
-            yield Done("length")
-        finally:
-            self.active.discard(rid)
 
 
 def expected(prompt: list[int], n: int) -> tuple[list[int], list[float]]:

@@ -15,7 +15,7 @@ from loom.cluster.group import GroupLayout, Member
 from loom.cluster.job import MuxJob
 from loom.cluster.policy import CLUSTER_POLICIES, ClusterPolicyKind, Placement, PolicyConfig
 from loom.cluster.rollmux.placements import can_join, fitted, isolated_layout, roomy_nodes
-from loom.sim.rng import stream
+from loom.core.rng import stream
 
 __all__ = ["GreedyMostIdle", "RandomFit", "idle_share"]
 

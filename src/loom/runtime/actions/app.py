@@ -8,14 +8,12 @@ from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import Depends, FastAPI, Path, Query, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from loom import __version__
-from loom.core.errors import ConfigError
+from loom._version import __version__
 from loom.runtime.actions.config import ActionServerConfig
-from loom.runtime.actions.driver import ActionDriver, ServerClosingError, UnknownActionError
+from loom.runtime.actions.driver import ActionDriver
 from loom.runtime.actions.run_code import RunCodeRequest, RunCodeResponse, run_code
 from loom.runtime.actions.schemas import (
     ActionAccepted,
@@ -25,7 +23,7 @@ from loom.runtime.actions.schemas import (
     StatusName,
     TrajectoryEnded,
 )
-from loom.runtime.service import BearerToken, BodyLimit, malformed_request
+from loom.runtime.service import BearerToken, BodyLimit, add_error_handlers
 
 # BearerToken and BodyLimit moved to loom.runtime.service; still importable from here
 __all__ = ["BearerToken", "BodyLimit", "create_app"]
@@ -73,24 +71,12 @@ def create_app(config: ActionServerConfig | None = None, *, trust_env: bool = Tr
     _add_routes(app)
     app.add_middleware(BodyLimit, max_bytes=cfg.max_body_bytes)
     if cfg.token is not None:
-        app.add_middleware(BearerToken, token=cfg.token)
+        app.add_middleware(BearerToken, token=cfg.token, open_health=cfg.open_health)
     return app
 
 
 def _add_error_handlers(app: FastAPI) -> None:
-    async def invalid(request: Request, exc: Exception) -> JSONResponse:
-        return JSONResponse(status_code=422, content={"detail": str(exc)})
-
-    async def unknown(request: Request, exc: Exception) -> JSONResponse:
-        return JSONResponse(status_code=404, content={"detail": str(exc)})
-
-    async def closing(request: Request, exc: Exception) -> JSONResponse:
-        return JSONResponse(status_code=503, content={"detail": str(exc)})
-
-    app.add_exception_handler(RequestValidationError, malformed_request)
-    app.add_exception_handler(ConfigError, invalid)
-    app.add_exception_handler(UnknownActionError, unknown)
-    app.add_exception_handler(ServerClosingError, closing)
+    add_error_handlers(app)
 
 
 def _add_routes(app: FastAPI) -> None:

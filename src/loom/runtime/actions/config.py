@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from loom.actions.policy import ActionPolicyKind
 from loom.core.settings import load_settings, override
-from loom.runtime.service import is_loopback
+from loom.runtime.access import Access
 
 __all__ = [
     "ActionServerConfig",
@@ -32,9 +32,6 @@ SERVER_POLICIES = (
     ActionPolicyKind.DOP4,
     ActionPolicyKind.DOP16,
 )
-
-
-_loopback = is_loopback  # moved to loom.runtime.service
 
 
 Name = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
@@ -91,7 +88,7 @@ class SandboxKind(StrEnum):
     NONE = "none"
 
 
-class ActionServerConfig(_Settings):
+class ActionServerConfig(_Settings, Access):
     """Everything `loom serve actions` needs; every field has a default except services'
     device memory, so an empty file (or none) serves this machine's cores."""
 
@@ -148,12 +145,6 @@ class ActionServerConfig(_Settings):
         default=0.0, ge=0, le=3600, description="how long an action's leftovers may run on"
     )
     pids_max: int = Field(default=1024, ge=8, description="processes per action (pids.max)")
-    token: str | None = Field(
-        default=None,
-        min_length=16,
-        repr=False,
-        description="bearer token every route but /healthz requires; needed beyond loopback",
-    )
     api: tuple[ApiLimitConfig, ...] = ()
     gpu_nodes: tuple[GpuNodeConfig, ...] = ()
     services: tuple[GpuServiceConfig, ...] = ()
@@ -184,11 +175,6 @@ class ActionServerConfig(_Settings):
                 )
         if self.cores is not None and len(set(self.cores)) != len(self.cores):
             raise ValueError("cores lists a core twice")
-        if self.token is None and not _loopback(self.host):
-            raise ValueError(
-                f"binding {self.host} (beyond loopback) runs model-written code for whoever can "
-                "reach it: give a token (--token or LOOM_TOKEN, 16 characters or more)"
-            )
         return self
 
     def with_overrides(self, **values: Any) -> ActionServerConfig:

@@ -19,7 +19,7 @@ from loom.actions.managers.gpu import GpuManager
 from loom.actions.policy import ACTION_POLICIES, ActionPolicy, ActionPolicyKind, Start
 from loom.actions.tangram import scheduler as _tangram  # noqa: F401 - registers the policies
 from loom.core.actions import ActionKind, ActionStatus
-from loom.core.errors import ConfigError, LoomError, UnknownPolicyError
+from loom.core.errors import ConfigError, NotFound, Unavailable, UnknownPolicyError
 from loom.core.resources import api_quota
 from loom.runtime.actions.api_call import ApiExecutor
 from loom.runtime.actions.cgroups import Cgroups, probe_cgroups
@@ -55,11 +55,11 @@ def policy_factory(kind: ActionPolicyKind) -> Callable[..., ActionPolicy]:
         raise ConfigError(str(exc)) from None
 
 
-class ServerClosingError(LoomError):
+class ServerClosingError(Unavailable):
     """The server is shutting down and accepts no more actions."""
 
 
-class UnknownActionError(LoomError, KeyError):
+class UnknownActionError(NotFound):
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else "unknown action"
 

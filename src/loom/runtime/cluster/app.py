@@ -7,10 +7,13 @@ Routes: `POST /v1/deployments`, `POST /v1/deployments/{id}/ops` (202 with an op 
 `POST /v1/deployments/{id}/migrate`, `DELETE /v1/jobs/{id}`, `GET /v1/stats`, `GET /v1/state`
 (what each node's StateManager sidecar holds), `GET /metrics`, `GET /healthz`.
 
-A payload the deployment's model cannot run (token ids outside its vocabulary, a ragged batch,
-a field of the wrong type or of no use to the operation) is a 400 naming the problem; so is a
-`model` other than the built-in one. An operation of a failed deployment is a 409 with why it
-failed.
+A deployment's `model` is "tiny" (the built-in decoder), a local Hugging Face model directory,
+or a worker class `module:Class` (`models.ModelWorker`), built with `model_options`. A model it
+cannot be is a 400; so is a payload the deployment's model cannot run (token ids outside its
+vocabulary, a ragged batch, a field of the wrong type or of no use to the operation), and a
+model the workers cannot build as named (not a ModelWorker, options it does not take); workers
+that fail to start otherwise are a 503 with their error. An operation of a failed deployment
+is a 409 with why it failed.
 """
 
 from __future__ import annotations
@@ -19,8 +22,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from fastapi import FastAPI, HTTPException, Query
-from fastapi.exceptions import RequestValidationError
+from fastapi import FastAPI, Query
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
@@ -28,10 +30,18 @@ from pydantic import BaseModel, ConfigDict, Field
 from loom.cluster.faults import DeadlinePolicy, RecoveryPolicy
 from loom.cluster.plexrl.hrrs import OpPolicyKind
 from loom.cluster.plexrl.timeline import HORIZON_SLOTS, Footprint
-from loom.core.errors import ConfigError
-from loom.runtime.cluster.driver import ClusterDriver, Conflict, NotFound, Unavailable
-from loom.runtime.cluster.payloads import BUILTIN_MODEL
-from loom.runtime.service import BackgroundApp, BodyLimit, DriverServer, malformed_request, run_app
+from loom.core.errors import ConfigError, InvalidRequest
+from loom.runtime.access import Access
+from loom.runtime.cluster.driver import ClusterDriver
+from loom.runtime.cluster.models.ref import BUILTIN_MODEL
+from loom.runtime.service import (
+    BackgroundApp,
+    BearerToken,
+    BodyLimit,
+    DriverServer,
+    add_error_handlers,
+    run_app,
+)
 from loom.state.sidecar import SidecarConfig
 
 __all__ = ["BackgroundCluster", "ClusterConfig", "create_app", "serve"]
@@ -39,7 +49,7 @@ __all__ = ["BackgroundCluster", "ClusterConfig", "create_app", "serve"]
 Name = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
 
 
-class ClusterConfig(BaseModel):
+class ClusterConfig(Access):
     model_config = ConfigDict(extra="forbid", frozen=True)
     host: str = "127.0.0.1"
     port: int = Field(default=8900, ge=0, le=65535)
@@ -77,6 +87,12 @@ class ClusterConfig(BaseModel):
         description="how often idle worker groups are checked for dead ranks (0: only when "
         "they are next used)",
     )
+    retain_ops: int = Field(
+        default=10_000,
+        ge=1,
+        description="finished operations remembered with their results; the oldest beyond "
+        "are forgotten (memory stays bounded)",
+    )
     max_restarts: int = Field(
         default=3, ge=0, le=1000, description="restarts of a deployment from its offloaded state"
     )
@@ -100,7 +116,7 @@ class _Trace(BaseModel):
         try:
             return Footprint(tuple(self.segments), period=self.period_s)
         except ConfigError as exc:
-            raise HTTPException(400, f"invalid trace: {exc}") from None
+            raise InvalidRequest(f"invalid trace: {exc}") from None
 
 
 class _Deployment(BaseModel):
@@ -109,8 +125,12 @@ class _Deployment(BaseModel):
     model: str = Field(
         default=BUILTIN_MODEL,
         min_length=1,
-        max_length=128,
-        description=f"what it runs: only {BUILTIN_MODEL!r}, the built-in tiny decoder, today",
+        max_length=4096,
+        description=f"what it runs: {BUILTIN_MODEL!r} (the built-in tiny decoder), a local "
+        "Hugging Face model directory, or a worker class `module:Class`",
+    )
+    model_options: dict[str, Any] | None = Field(
+        default=None, description="keywords its worker class is built with (JSON values)"
     )
     role: Name = "actor"
     layout: _Layout = Field(default_factory=_Layout)
@@ -175,85 +195,62 @@ def create_app(config: ClusterConfig, driver: ClusterDriver | None = None) -> Fa
             settle_s=config.settle_s,
             watch_s=config.watch_s,
             faults=config.faults,
+            retain_ops=config.retain_ops,
         )
         yield
         await app.state.driver.close()
 
     app = FastAPI(title="loom cluster", lifespan=lifespan)
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
-    app.add_exception_handler(RequestValidationError, malformed_request)
+    if config.token is not None:
+        app.add_middleware(BearerToken, token=config.token, open_health=config.open_health)
+    add_error_handlers(app)
 
     def drv() -> ClusterDriver:
         d: ClusterDriver = app.state.driver
         return d
 
-    def _fail(exc: Exception) -> HTTPException:
-        if isinstance(exc, NotFound):
-            return HTTPException(404, str(exc))
-        if isinstance(exc, Conflict):
-            return HTTPException(409, str(exc))
-        if isinstance(exc, Unavailable):
-            return HTTPException(503, str(exc))
-        return HTTPException(400, str(exc))
-
     @app.post("/v1/deployments", status_code=201)
     async def create_deployment(body: _Deployment) -> dict[str, Any]:
-        try:
-            trace = body.trace.footprint() if body.trace is not None else None
-            dep = await drv().create(
-                job_id=body.job_id,
-                model=body.model,
-                role=body.role,
-                dp=body.layout.dp,
-                group=body.group,
-                seed=body.seed,
-                trace=trace,
-                estimates=body.estimates,
-            )
-        except (ConfigError, Conflict, Unavailable) as exc:
-            raise _fail(exc) from None
+        trace = body.trace.footprint() if body.trace is not None else None
+        dep = await drv().create(
+            job_id=body.job_id,
+            model=body.model,
+            role=body.role,
+            dp=body.layout.dp,
+            group=body.group,
+            seed=body.seed,
+            trace=trace,
+            estimates=body.estimates,
+            model_options=body.model_options,
+        )
         return _deployment_view(dep)
 
     @app.put("/v1/deployments/{dep_id}/trace")
     async def repack(dep_id: str, body: _Trace) -> dict[str, Any]:
-        try:
-            dep = await drv().repack(dep_id, body.footprint())
-        except (NotFound, Conflict) as exc:
-            raise _fail(exc) from None
+        dep = await drv().repack(dep_id, body.footprint())
         return _deployment_view(dep)
 
     @app.post("/v1/deployments/{dep_id}/migrate")
     async def migrate(dep_id: str, body: _Migrate) -> dict[str, Any]:
-        try:
-            dep = await drv().migrate(dep_id, body.group)
-        except (NotFound, Conflict, ConfigError, Unavailable) as exc:
-            raise _fail(exc) from None
+        dep = await drv().migrate(dep_id, body.group)
         return _deployment_view(dep)
 
     @app.post("/v1/deployments/{dep_id}/ops", status_code=202)
     async def submit(dep_id: str, body: _Op) -> dict[str, Any]:
-        try:
-            rec = drv().submit(dep_id, body.op, body.payload, deadline_s=body.deadline_s)
-        except (NotFound, Conflict, ConfigError) as exc:
-            raise _fail(exc) from None
+        rec = drv().submit(dep_id, body.op, body.payload, deadline_s=body.deadline_s)
         return {"op_id": rec.op_id, "status": rec.status.value}
 
     @app.get("/v1/ops/{op_id}")
     async def get_op(
         op_id: int, wait_s: Annotated[float, Query(ge=0, le=600)] = 0.0
     ) -> dict[str, Any]:
-        try:
-            rec = await drv().wait(op_id, wait_s)
-        except NotFound as exc:
-            raise _fail(exc) from None
+        rec = await drv().wait(op_id, wait_s)
         return rec.view()
 
     @app.delete("/v1/jobs/{job_id}")
     async def delete_job(job_id: str) -> dict[str, Any]:
-        try:
-            gone = await drv().delete_job(job_id)
-        except NotFound as exc:
-            raise _fail(exc) from None
+        gone = await drv().delete_job(job_id)
         return {"job_id": job_id, "deployments": gone}
 
     @app.get("/v1/stats")

@@ -18,6 +18,7 @@ import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from loom.runtime.cluster.models.ref import ModelInfo
 from loom.runtime.cluster.wpg import (
     GroupBroken,
     OneAtATime,
@@ -30,13 +31,9 @@ from loom.runtime.cluster.wpg import (
 from loom.state.sidecar import SidecarConfig, StateSidecar
 
 __all__ = [
-    "ClusterServiceActor",
     "NodeStateActor",
     "RankActor",
     "RayWorkerGroup",
-    "connect_service",
-    "deploy_service",
-    "shutdown_service",
 ]
 
 
@@ -56,8 +53,9 @@ class RankActor:
         self._state, self._local = state, local
         self._worker: _Worker | None = None
 
-    def join(self) -> bool:
-        """Build the model and join the group (blocks until every rank has joined)."""
+    def join(self) -> dict[str, Any]:
+        """Build the model and join the group (blocks until every rank has joined); what
+        the model is (`ModelInfo`'s fields)."""
         import ray
 
         address, token = self._state
@@ -71,7 +69,7 @@ class RankActor:
             local=self._local,
             gpu=int(gpus[0]) if gpus else None,
         )
-        return True
+        return asdict(self._worker.mw.info())
 
     def run(self, op: str, payload: dict[str, Any]) -> dict[str, Any]:
         assert self._worker is not None, "join first"
@@ -144,6 +142,7 @@ class RayWorkerGroup(OneAtATime):
     _lock: threading.Lock = field(default_factory=threading.Lock)
     running: str | None = None
     ops_run: int = 0
+    info: ModelInfo | None = None
     _pending: list[Any] = field(default_factory=list)  # results a failed operation left out
 
     def start(self) -> RayWorkerGroup:
@@ -199,7 +198,8 @@ class RayWorkerGroup(OneAtATime):
                         name=f"loom-wpg/{cfg.name}/{rank}",
                     ).remote(spec, rank, port, master, addresses[node], local)
                 )
-            ray.get([a.join.remote() for a in self._actors], timeout=cfg.start_timeout_s)
+            infos = ray.get([a.join.remote() for a in self._actors], timeout=cfg.start_timeout_s)
+            self.info = ModelInfo(**infos[0])
         except Exception as exc:
             self.close()
             raise WorkerError(f"{cfg.name}: the ranks did not start: {exc}") from None
@@ -265,6 +265,11 @@ class RayWorkerGroup(OneAtATime):
             self._pending = []
         return True
 
+    @property
+    def pids(self) -> list[int]:
+        """Its ranks' processes: none of this process's (Ray's workers run them)."""
+        return []
+
     def kill(self) -> None:
         """Stop the ranks at once; the state their nodes' sidecars hold stays."""
         import ray
@@ -304,55 +309,3 @@ class RayWorkerGroup(OneAtATime):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-class ClusterServiceActor:
-    """`loom serve cluster` in a Ray actor (wrapped with `ray.remote` on deploy): the service
-    on this node's address, launching deployments as Ray worker groups."""
-
-    def __init__(self, config: Any) -> None:
-        import ray
-
-        from loom.runtime.cluster.app import BackgroundCluster
-
-        host = config.host if config.host != "auto" else str(ray.util.get_node_ip_address())
-        self._svc = BackgroundCluster(
-            config.model_copy(update={"host": host, "launcher": "ray"})
-        ).start()
-
-    def url(self) -> str:
-        return self._svc.url
-
-    def stop(self) -> None:
-        self._svc.stop()
-
-
-SERVICE_NAME = "loom-cluster"
-
-
-def deploy_service(
-    config: Any, *, name: str = SERVICE_NAME, namespace: str | None = None
-) -> tuple[Any, str]:
-    """Start the cluster service as a named, detached Ray actor (any driver of the cluster
-    finds it with `connect_service`); returns the actor and the service's URL."""
-    import ray
-
-    remote: Any = ray.remote(num_cpus=0)(ClusterServiceActor)
-    actor = remote.options(name=name, namespace=namespace, lifetime="detached").remote(config)
-    return actor, str(ray.get(actor.url.remote(), timeout=120))
-
-
-def connect_service(*, name: str = SERVICE_NAME, namespace: str | None = None) -> tuple[Any, str]:
-    import ray
-
-    actor = ray.get_actor(name, namespace=namespace)
-    return actor, str(ray.get(actor.url.remote(), timeout=60))
-
-
-def shutdown_service(actor: Any) -> None:
-    """Stop the service (its deployments' actors and placement groups go with it), then the
-    actor itself."""
-    import ray
-
-    ray.get(actor.stop.remote(), timeout=120)
-    ray.kill(actor)

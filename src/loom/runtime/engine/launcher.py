@@ -1,6 +1,6 @@
 """vLLM's OpenAI-compatible server as a child process on the CPU: started on a model (the tiny
 one by default), ready once `/health` answers, stopped with its whole process group, which
-also ends when the process that started it dies (however it dies: see `loom.runtime.tether`)."""
+also ends when the process that started it dies (however it dies: see `loom.proc.tether`)."""
 
 from __future__ import annotations
 
@@ -24,8 +24,9 @@ from typing import Any, Self
 import httpx
 
 from loom.core.errors import ConfigError, LoomError
+from loom.proc.tether import Tethered
+from loom.runtime.access import is_loopback
 from loom.runtime.engine.model import DEFAULT_CACHE_DIR, TinyModelSpec, build_tiny_model
-from loom.runtime.tether import Tethered
 
 __all__ = [
     "INSTALL_HINT",
@@ -113,6 +114,21 @@ class EngineConfig:
     extra_args: tuple[str, ...] = field(
         default=(), metadata={"help": "more arguments for vLLM's api_server"}
     )
+    token: str | None = field(
+        default=None,
+        repr=False,
+        metadata={"help": "bearer token of its /v1 routes (vLLM --api-key; LOOM_TOKEN)"},
+    )
+    allow_open: bool = field(
+        default=False, metadata={"help": "serve beyond loopback without a token"}
+    )
+    weight_sync: bool = field(
+        default=False,
+        metadata={
+            "help": "load new weights from the relay without a restart (Loom's worker "
+            "extension: loom.runtime.engine.weight_sync)"
+        },
+    )
 
     def __post_init__(self) -> None:
         for name in ("state_dir", "model", "log_path"):  # accept str paths
@@ -131,6 +147,13 @@ class EngineConfig:
             raise ConfigError(f"max_model_len must be >= 1, got {self.max_model_len}")
         if self.startup_timeout_s <= 0:
             raise ConfigError(f"startup_timeout_s must be > 0, got {self.startup_timeout_s}")
+        if self.token is not None and len(self.token) < 16:
+            raise ConfigError("a token needs 16 characters or more")
+        if self.token is None and not is_loopback(self.host) and not self.allow_open:
+            raise ConfigError(
+                f"binding {self.host} (beyond loopback) without a token lets whoever can reach "
+                "it use the engine: give a token (--token or LOOM_TOKEN), or --allow-open"
+            )
         if self.cpus not in ("auto", "nobind") and not _CPU_LIST.fullmatch(self.cpus):
             raise ConfigError(
                 f"cpus must be 'auto', 'nobind' or cores such as '1', '0-1' or '0,2' "
@@ -171,6 +194,10 @@ class EngineConfig:
             cmd += ["--max-model-len", str(self.max_model_len)]
         if self.priority:
             cmd += ["--scheduling-policy", "priority"]
+        if self.token is not None:
+            cmd += ["--api-key", self.token]
+        if self.weight_sync:  # its routes (/collective_rpc) need the dev mode set below
+            cmd += ["--worker-extension-cls", "loom.runtime.engine.weight_sync.WeightSync"]
         return cmd + list(self.extra_args)
 
     def environment(self) -> dict[str, str]:
@@ -178,6 +205,8 @@ class EngineConfig:
         return {
             **os.environ,
             "VLLM_SERVER_DEV_MODE": "1",
+            # idle connections kept longer than a client's pool keeps them (aiohttp: 15 s)
+            "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "75",
             "VLLM_CPU_OMP_THREADS_BIND": self.cpus,
             "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1",

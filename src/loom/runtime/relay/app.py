@@ -7,20 +7,20 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Annotated, Any
 
 from fastapi import Body, FastAPI, Path, Query, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import ClientDisconnect
 
-from loom import __version__
+from loom._version import __version__
+from loom.core.errors import InvalidRequest, http_status
 from loom.runtime.relay import framing
 from loom.runtime.relay.config import RelayConfig
 from loom.runtime.relay.errors import RelayError
 from loom.runtime.relay.memory import InMemoryStore
 from loom.runtime.relay.metrics import RelayMetrics
 from loom.runtime.relay.store import MAX_VERSION, ObjectInfo, Role
-from loom.runtime.service import BearerToken, BodyLimit, malformed_request
+from loom.runtime.service import BearerToken, BodyLimit, add_error_handlers, loom_error
 
 __all__ = ["create_app"]
 
@@ -65,7 +65,7 @@ def create_app(config: RelayConfig | None = None, store: InMemoryStore | None = 
     _add_member_routes(app)
     app.add_middleware(BodyLimit, max_bytes=cfg.max_object_bytes, hint="--max-object-bytes")
     if cfg.token is not None:
-        app.add_middleware(BearerToken, token=cfg.token)
+        app.add_middleware(BearerToken, token=cfg.token, open_health=cfg.open_health)
     return app
 
 
@@ -83,11 +83,9 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def refused(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RelayError)
         _metrics(request).refused.labels(exc.CODE).inc()
-        return JSONResponse(
-            status_code=exc.status, content={"detail": exc.message, "error": exc.CODE}
-        )
+        return await loom_error(request, exc)
 
-    app.add_exception_handler(RequestValidationError, malformed_request)
+    add_error_handlers(app)
     app.add_exception_handler(RelayError, refused)
 
 
@@ -136,7 +134,8 @@ def _add_object_routes(app: FastAPI) -> None:
         store.admit(key, version, int(declared) if declared.isdigit() else 0)
         data = await _body(request)
         if data is None:
-            return Response(status_code=400)  # nobody reads it: the client went, or got a 413
+            # nobody reads it: the client went, or got a 413
+            return Response(status_code=http_status(InvalidRequest()))
         info = store.put(key, data, version)
         m = _metrics(request)
         m.puts.inc()

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import re
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field
 
 from loom.core.errors import ConfigError
 from loom.core.settings import override
-from loom.runtime.service import is_loopback
+from loom.runtime.access import Access
 
 __all__ = ["RelayConfig", "parse_size"]
 
@@ -27,7 +27,7 @@ def parse_size(text: str) -> int:
     return int(float(number) * _UNITS[unit])
 
 
-class RelayConfig(BaseModel):
+class RelayConfig(Access):
     """Everything `loom serve relay` needs; every field has a default."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -48,22 +48,6 @@ class RelayConfig(BaseModel):
     auto_collect: bool = Field(
         default=True, description="drop unneeded versions whenever membership changes"
     )
-    token: str | None = Field(
-        default=None,
-        min_length=16,
-        repr=False,
-        description="bearer token every route but /healthz requires; needed beyond loopback",
-    )
-
-    @model_validator(mode="after")
-    def _token_beyond_loopback(self) -> RelayConfig:
-        if self.token is None and not is_loopback(self.host):
-            raise ValueError(
-                f"binding {self.host} (beyond loopback) lets whoever can reach it read and "
-                "replace model weights: give a token (--token or LOOM_TOKEN, 16 characters "
-                "or more)"
-            )
-        return self
 
     def with_overrides(self, **values: object) -> RelayConfig:
         """A copy with the given fields replaced (None leaves a field as it is), validated."""

@@ -1,12 +1,21 @@
 """What a weight store refuses, as one exception family shared by the in-memory store, the
-relay service and its client: each kind carries the HTTP status the relay answers it with and
-a `code` the response body names, so the client raises the very class the store raised."""
+relay service and its client: each is one of Loom's error kinds (`loom.core.errors`, which maps
+kinds to HTTP statuses for every service) and carries a `code` the response body names, so the
+client raises the very class the store raised."""
 
 from __future__ import annotations
 
 from typing import ClassVar
 
-from loom.core.errors import ServiceError
+from loom.core.errors import (
+    Conflict,
+    InvalidRequest,
+    LoomError,
+    NotFound,
+    StorageFull,
+    Unavailable,
+    http_status,
+)
 
 __all__ = [
     "ERRORS",
@@ -23,70 +32,71 @@ __all__ = [
 ]
 
 
-class RelayError(ServiceError):
-    """A weight store refused or failed a request; `status` is the relay's HTTP status."""
+class RelayError(LoomError):
+    """A weight store refused or failed a request."""
 
-    STATUS: ClassVar[int] = 500
     CODE: ClassVar[str] = "relay_error"
 
     def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(self.STATUS if status is None else status, message)
+        super().__init__(message)
+        self.message = message
+        self._status = status
+
+    def __str__(self) -> str:
+        return self.message
+
+    @property
+    def status(self) -> int:
+        """The HTTP status the relay answers it with (or answered, for the client)."""
+        return self._status if self._status is not None else http_status(self)
 
 
-class InvalidRequestError(RelayError):
+class InvalidRequestError(RelayError, InvalidRequest):
     """A malformed key, version, member id or role (the caller's broken contract)."""
 
-    STATUS = 422
     CODE = "invalid"
 
 
-class ObjectMissingError(RelayError):
+class ObjectMissingError(RelayError, NotFound):
     """No object under a key (or, for a batch, under some of its keys)."""
 
-    STATUS = 404
     CODE = "object_missing"
 
 
-class UnknownVersionError(RelayError):
+class UnknownVersionError(RelayError, NotFound):
     """No object of that version is stored."""
 
-    STATUS = 404
     CODE = "unknown_version"
 
 
-class UnknownMemberError(RelayError):
+class UnknownMemberError(RelayError, NotFound):
     """No live member by that id."""
 
-    STATUS = 404
     CODE = "unknown_member"
 
 
-class VersionConflictError(RelayError):
+class VersionConflictError(RelayError, Conflict):
     """A key is stored under another version: delete it first (objects never change version)."""
 
-    STATUS = 409
     CODE = "version_conflict"
 
 
-class VersionNeededError(RelayError):
+class VersionNeededError(RelayError, Conflict):
     """A version some live member may still need cannot be dropped."""
 
-    STATUS = 409
     CODE = "version_needed"
 
 
-class StoreFullError(RelayError):
+class StoreFullError(RelayError, StorageFull):
     """Storing the object would pass the store's memory cap; nothing was stored."""
 
-    STATUS = 507
     CODE = "store_full"
 
 
-class RelayUnreachableError(RelayError):
+class RelayUnreachableError(RelayError, Unavailable):
     """The relay did not answer, or the connection broke before a whole answer came (raised by
     the client only; nothing can be assumed stored or read)."""
 
-    STATUS = 503
     CODE = "unreachable"
 
 

@@ -25,7 +25,8 @@ import orjson
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from loom.core.errors import NotFound, TooLarge, Unavailable, http_status
+from loom.core.errors import NotFound, TooLarge, Unauthorized, Unavailable, http_status
+from loom.runtime.access import UNAUTHORIZED, authorized, is_open
 from loom.runtime.rollout.config import EngineConfig, RolloutServerConfig
 from loom.runtime.rollout.driver import BatchEntry, RolloutDriver, UnknownTrajectory, stable_id
 from loom.runtime.rollout.engines import Delta, EngineError
@@ -115,7 +116,8 @@ class _Abort(BaseModel):
 
 
 def create_app(config: RolloutServerConfig, driver: RolloutDriver | None = None) -> web.Application:
-    app = web.Application(client_max_size=int(config.max_body_mb * 2**20), middlewares=[_errors])
+    middlewares = [_errors] if config.token is None else [_errors, _auth(config)]
+    app = web.Application(client_max_size=int(config.max_body_mb * 2**20), middlewares=middlewares)
     app[DRIVER] = driver or RolloutDriver(config)
 
     async def on_startup(app: web.Application) -> None:
@@ -187,6 +189,23 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     if resp.status >= 400:
         driver.metrics.errors.labels(str(resp.status)).inc()
     return resp
+
+
+def _auth(config: RolloutServerConfig) -> Any:
+    """Every request but health and metrics carries the router's token (one rule for every
+    service: `loom.runtime.access`)."""
+    token = config.token
+    assert token is not None
+
+    @web.middleware
+    async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if not is_open(request.path, config.open_health) and not authorized(
+            request.headers.get("Authorization"), token
+        ):
+            raise Unauthorized(UNAUTHORIZED)
+        return await handler(request)
+
+    return auth
 
 
 async def _read(request: web.Request) -> dict[str, Any]:
@@ -698,5 +717,5 @@ async def health(request: web.Request) -> web.Response:
     driver = request.app[DRIVER]
     live = len(driver.live())
     if not live:
-        return _error("no live engine", 503)
+        raise Unavailable("no live engine")
     return _json({"status": "ok", "engines": live})

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from loom.core.errors import ConfigError
 from loom.core.settings import load_settings, override
 from loom.rollout.policy import PlacementKind, SchedulerKind
+from loom.runtime.access import Access
 
 __all__ = ["EngineConfig", "EngineKind", "RolloutServerConfig", "load_config", "parse_engine"]
 
@@ -61,6 +62,12 @@ class EngineConfig(_Settings):
         ge=0,
         description="weight version it serves when added; None: the router's current one",
     )
+    token: str | None = Field(
+        default=None,
+        repr=False,
+        description="bearer token the engine wants (vLLM --api-key, `loom serve engine "
+        "--token`); sent with every call to it",
+    )
 
     @field_validator("url")
     @classmethod
@@ -70,7 +77,7 @@ class EngineConfig(_Settings):
         return url.rstrip("/")
 
 
-class RolloutServerConfig(_Settings):
+class RolloutServerConfig(_Settings, Access):
     """Everything `loom serve rollout` needs; every field has a default but the engines,
     which may also be added while it runs (`POST /v1/engines`)."""
 

@@ -61,7 +61,7 @@ from loom.runtime.rollout.engines import (
     make_engine,
 )
 from loom.runtime.rollout.metrics import RouterMetrics
-from loom.runtime.rollout.prediction import OnlinePredictor, trajectory_spec
+from loom.runtime.rollout.prediction import OnlinePredictor, pending_spec
 from loom.runtime.rollout.registry import ClientFactory, EngineRegistry, UnknownEngine
 from loom.runtime.rollout.state import EngineState, Trajectory, TurnRecord
 from loom.runtime.rollout.tokenizer import LocalTokenizer, load_tokenizer
@@ -186,6 +186,8 @@ class RolloutDriver:
         self.tokenizer: LocalTokenizer | None = None
         self._tokenizer_tried = False
         self._probing: set[str] = set()  # engines whose health is being checked now
+        self._to_predict: dict[int, Trajectory] = {}  # in a tool call, wanting a prediction
+        self._predict_wanted = asyncio.Event()
         self._loop_time: Callable[[], float] = time.monotonic
         self.counts = {
             "decisions": 0,
@@ -215,7 +217,9 @@ class RolloutDriver:
         cfg = self.config
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout_s),
-            connector=aiohttp.TCPConnector(limit=0, force_close=False),
+            # NOTE: idle connections closed before the engines' servers close them (uvicorn's
+            # keep-alive, vLLM's 5 s): a request sent as the server closes fails to write
+            connector=aiohttp.TCPConnector(limit=0, force_close=False, keepalive_timeout=4.0),
             auto_decompress=False,
             cookie_jar=aiohttp.DummyCookieJar(),  # engines set none; skip the jar per request
         )
@@ -230,6 +234,7 @@ class RolloutDriver:
         self._spawn(self.registry.health_loop(self))
         self._spawn(self._idle_loop())
         self._spawn(self._watchdog())
+        self._spawn(self._predict_loop())
         if self.predictor.due(cfg.refit_every):
             self._spawn(self._refit())
 
@@ -531,7 +536,10 @@ class RolloutDriver:
                 self._end(turn, error=exc, engine_done=True)
             return
         except EngineError as exc:
-            self._on_failure(e, turn, attempt, str(exc))
+            # NOTE: a refused connection is a dead engine; anything else (a 5xx, a broken
+            # stream, a connect that timed out on loaded cores) may be this request's alone:
+            # the turn moves and the engine's health decides whether it stays in
+            self._on_failure(e, turn, attempt, str(exc), down=isinstance(exc, EngineUnreachable))
             return
         finally:
             await stream.aclose()  # type: ignore[attr-defined]
@@ -577,7 +585,9 @@ class RolloutDriver:
         if e.lent:
             self.counts["stalls"] += 1
             e.stalled = True
-        self._on_failure(e, turn, turn.attempt, f"no token for {limit:g} s", down=not e.lent)
+        self._on_failure(
+            e, turn, turn.attempt, f"no token for {limit:g} s", down=not e.lent, probe=False
+        )
 
     def _receive(self, e: EngineState, turn: Turn, item: Delta) -> None:
         """A chunk of the running attempt: tokens, text and logprobs join the turn."""
@@ -610,13 +620,24 @@ class RolloutDriver:
             turn.updates.put_nowait(item)
 
     def _on_failure(
-        self, e: EngineState, turn: Turn, attempt: int, reason: str, *, down: bool = True
+        self,
+        e: EngineState,
+        turn: Turn,
+        attempt: int,
+        reason: str,
+        *,
+        down: bool = True,
+        probe: bool = True,
     ) -> None:
+        """The attempt at `e` failed: `e` is out (`down`), or its health is checked now
+        (`probe`), and the turn moves."""
         if turn.attempt != attempt or turn.state is not TurnState.RUNNING:
             return
         turn.error = reason
         if down:
             self.engine_down(e, reason)  # moves this turn (and all others) elsewhere
+        elif probe:
+            self._suspect(e, reason)
         if turn.state is TurnState.RUNNING and turn.engine is e:
             self._requeue(turn, e, failed=True)
 
@@ -711,7 +732,8 @@ class RolloutDriver:
         if not t.active and (t.one_turn or t.ended):
             self._finish(t)
         elif n and error is None and not t.one_turn:
-            self._spawn(self._after_turn(t, t.steps_done))
+            self._to_predict[t.traj_id] = t  # during its tool call (the newest ask wins)
+            self._predict_wanted.set()
         if not self._closing:
             self._handle_stale()
             self._offer_held()
@@ -751,21 +773,32 @@ class RolloutDriver:
                 self.counts["abandoned"] += 1
                 self._end(turn)
 
-    async def _after_turn(self, t: Trajectory, steps: int) -> None:
-        """During the tool call: predict anew (off the loop), then let the router move the
-        trajectory's home."""
-        spec = trajectory_spec(t, pending=True)
-        assert spec is not None, "a pending turn always makes a spec"
-        if self.predictor.model is not None:
-            pred = await asyncio.get_running_loop().run_in_executor(
-                None, self.predictor.predict, spec, t.generated
-            )
-        else:
-            pred = self.predictor.fallback(t.prompt_id, t.generated)
-        if self._by_tid.get(t.traj_id) is not t or t.steps_done != steps:
-            return  # ended, or its next turn already finished: a newer prediction follows
-        t.predicted_total = pred
-        self._migrate(t)
+    async def _predict_loop(self) -> None:
+        """Predict anew the trajectories that finished a turn (during their tool call), then
+        let the router move their homes. NOTE: one batch at a time off the event loop, the
+        newest ask per trajectory: when turns end faster than the model predicts, asks
+        coalesce instead of queueing without bound."""
+        while True:
+            await self._predict_wanted.wait()
+            self._predict_wanted.clear()
+            while self._to_predict:
+                batch = list(self._to_predict.values())[:256]
+                for t in batch:
+                    del self._to_predict[t.traj_id]
+                asked = [(t, t.steps_done) for t in batch]
+                specs = [pending_spec(t) for t in batch]
+                gen = [t.generated for t in batch]
+                if self.predictor.model is not None:
+                    preds = await asyncio.get_running_loop().run_in_executor(
+                        None, self.predictor.predict_many, specs, gen
+                    )
+                else:
+                    preds = [self.predictor.fallback(t.prompt_id, t.generated) for t in batch]
+                for (t, steps), pred in zip(asked, preds, strict=True):
+                    if self._by_tid.get(t.traj_id) is not t or t.steps_done != steps:
+                        continue  # ended, or a newer turn ended: a newer prediction follows
+                    t.predicted_total = pred
+                    self._migrate(t)
 
     def _migrate(self, t: Trajectory) -> None:
         live = self.current()
@@ -842,26 +875,23 @@ class RolloutDriver:
             for b in entries
         ]
         if self.predictor.model is not None and fresh:
-            specs = [trajectory_spec(t, pending=True) for t in fresh]
+            specs = [pending_spec(t) for t in fresh]
             preds = await asyncio.get_running_loop().run_in_executor(
-                None, self._predict_many, specs
+                None, self.predictor.predict_many, specs, [0] * len(specs)
             )
             for t, p in zip(fresh, preds, strict=True):
                 t.predicted_total = p
         self.counts["declared"] += len(fresh)
         if not self.live():  # engines may have changed while predicting
             raise Unavailable("no live engine: add one with POST /v1/engines")
-        current = self.current()
-        if not current:
-            return {t.key: "" for t in fresh}
+        # NOTE: while new weights load, no engine is current: the batch is planned over the
+        # live ones (they serve it once current), as a trajectory that joins is
+        current = self.current() or self.live()
         self.router.start(fresh, current)
         self._handle_stale()
         ids = {e.idx: e.id for e in current}
         homes = {t.key: self.router.home(t.traj_id) for t in fresh}
         return {key: "" if home is None else ids.get(home, "") for key, home in homes.items()}
-
-    def _predict_many(self, specs: Iterable[Any]) -> list[float]:
-        return [self.predictor.predict(s, 0) for s in specs]
 
     def end_trajectory(self, key: str) -> Trajectory:
         t = self.trajectories.get(key)

@@ -112,6 +112,17 @@ class EngineClient:
     model: str = ""
     kind: EngineKind = field(init=False)
     _urls: dict[str, URL] = field(default_factory=dict, init=False, repr=False)
+    _headers: dict[str, str] = field(default_factory=lambda: dict(_JSON), init=False, repr=False)
+
+    @property
+    def token(self) -> str | None:
+        auth = self._headers.get("Authorization")
+        return auth[7:] if auth else None
+
+    @token.setter
+    def token(self, token: str | None) -> None:
+        """The engine's bearer token (vLLM --api-key), sent with every call."""
+        self._headers = {**_JSON, **({"Authorization": f"Bearer {token}"} if token else {})}
 
     async def probe(self) -> ModelInfo:
         raise NotImplementedError
@@ -119,7 +130,9 @@ class EngineClient:
     async def health(self, timeout_s: float) -> bool:
         try:
             async with self.session.get(
-                f"{self.url}/health", timeout=aiohttp.ClientTimeout(total=timeout_s)
+                f"{self.url}/health",
+                timeout=aiohttp.ClientTimeout(total=timeout_s),
+                headers=self._headers,
             ) as resp:
                 return resp.status == 200
         except (aiohttp.ClientError, TimeoutError, OSError):
@@ -150,23 +163,18 @@ class EngineClient:
         return aiohttp.ClientTimeout(total=self.call_timeout_s)
 
     async def _post_json(self, path: str, body: Mapping[str, Any]) -> Any:
-        where = f"{self.url}{path}"
-        try:
-            async with self.session.post(where, json=body, timeout=self._timeout()) as resp:
-                raw = await resp.read()
-                _raise_for(resp.status, raw, where)
-                return _loads(raw)
-        except aiohttp.ClientConnectorError as exc:
-            raise EngineUnreachable(f"{where}: {exc}") from exc
-        except TimeoutError as exc:
-            raise EngineError(f"{where}: no answer in {self.call_timeout_s:g} s") from exc
-        except (aiohttp.ClientError, OSError, ValueError) as exc:
-            raise EngineError(f"{where}: {exc!r}") from exc
+        return await self._json("POST", path, _dumps(body))
 
     async def _get_json(self, path: str) -> Any:
+        return await self._json("GET", path, None)
+
+    async def _json(self, method: str, path: str, data: bytes | None) -> Any:
+        """A JSON call with the engine's deadline; any failure is an `EngineError`."""
         where = f"{self.url}{path}"
         try:
-            async with self.session.get(where, timeout=self._timeout()) as resp:
+            async with self.session.request(
+                method, where, data=data, headers=self._headers, timeout=self._timeout()
+            ) as resp:
                 raw = await resp.read()
                 _raise_for(resp.status, raw, where)
                 return _loads(raw)
@@ -187,7 +195,7 @@ class EngineClient:
         """The chunks of a streamed POST; any failure of the engine is an `EngineError`."""
         where = self._url(path)
         try:
-            async with self.session.post(where, data=_dumps(body), headers=_JSON) as resp:
+            async with self.session.post(where, data=_dumps(body), headers=self._headers) as resp:
                 if resp.status >= 400:
                     _raise_for(resp.status, await resp.read(), str(where))
                 async for chunk in _sse(resp):
@@ -202,7 +210,10 @@ class EngineClient:
     async def _post_quietly(self, path: str, body: Mapping[str, Any]) -> None:
         try:
             async with self.session.post(
-                f"{self.url}{path}", json=body, timeout=aiohttp.ClientTimeout(total=5.0)
+                f"{self.url}{path}",
+                data=_dumps(body),
+                headers=self._headers,
+                timeout=aiohttp.ClientTimeout(total=5.0),
             ) as resp:
                 await resp.read()
         except (aiohttp.ClientError, OSError, TimeoutError):
@@ -369,7 +380,7 @@ class VllmEngine(EngineClient):
     ) -> AsyncIterator[Delta | Done]:
         where = f"{self.url}/v1/completions"
         try:
-            async with self.session.post(where, json=body) as resp:
+            async with self.session.post(where, data=_dumps(body), headers=self._headers) as resp:
                 raw = await resp.read()
                 _raise_for(resp.status, raw, where)
                 data = _loads(raw)
@@ -514,13 +525,14 @@ class SglangEngine(EngineClient):
 
 
 async def probe_kind(
-    url: str, session: aiohttp.ClientSession, timeout_s: float = 10.0
+    url: str, session: aiohttp.ClientSession, timeout_s: float = 10.0, token: str | None = None
 ) -> EngineKind:
     """SGLang answers `/get_model_info`; vLLM and other OpenAI servers `/v1/models`."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     for path, kind in (("/get_model_info", EngineKind.SGLANG), ("/v1/models", EngineKind.VLLM)):
         try:
             async with session.get(
-                f"{url}{path}", timeout=aiohttp.ClientTimeout(total=timeout_s)
+                f"{url}{path}", timeout=aiohttp.ClientTimeout(total=timeout_s), headers=headers
             ) as r:
                 if r.status == 200:
                     return kind

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,7 +28,7 @@ from loom.rollout.history import TrajectoryRecord, write_history
 if TYPE_CHECKING:
     from loom.runtime.rollout.state import Trajectory
 
-__all__ = ["MIN_HISTORY", "OnlinePredictor", "trajectory_spec"]
+__all__ = ["MIN_HISTORY", "OnlinePredictor", "pending_spec", "trajectory_spec"]
 
 log = logging.getLogger("loom.rollout")
 
@@ -72,6 +72,13 @@ def trajectory_spec(t: Trajectory, *, pending: bool) -> TrajectorySpec | None:
     )
 
 
+def pending_spec(t: Trajectory) -> TrajectorySpec:
+    """`t` with its pending turn: what a prediction during its tool call reads."""
+    spec = trajectory_spec(t, pending=True)
+    assert spec is not None, "a pending turn always makes a spec"
+    return spec
+
+
 class OnlinePredictor:
     """History + the fitted model. `predict` and `fit` are safe to call from a worker thread
     (they read a snapshot); `record` and `install` run on the event loop."""
@@ -82,7 +89,9 @@ class OnlinePredictor:
         self.model: ProgressivePredictor | None = None
         self.since_fit = 0
         self.fits = 0
+        # per prompt and overall: (output tokens, trajectories) of the history window
         self._prompt_sum: dict[int, list[float]] = {}
+        self._all = [0.0, 0.0]
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if self.path.exists():
@@ -103,10 +112,21 @@ class OnlinePredictor:
         self.since_fit = len(self.history)
 
     def _remember(self, spec: TrajectorySpec) -> None:
+        """Into the history window; the oldest leaves it (and its prompt's mean) when full,
+        so that what the router keeps of finished trajectories is bounded by `limit`."""
+        if self.history.maxlen is not None and len(self.history) == self.history.maxlen:
+            self._count(self.history[0], -1)
         self.history.append(spec)
+        self._count(spec, +1)
+
+    def _count(self, spec: TrajectorySpec, sign: int) -> None:
         acc = self._prompt_sum.setdefault(spec.prompt_id, [0.0, 0.0])
-        acc[0] += spec.output_tokens
-        acc[1] += 1
+        acc[0] += sign * spec.output_tokens
+        acc[1] += sign
+        self._all[0] += sign * spec.output_tokens
+        self._all[1] += sign
+        if acc[1] <= 0:
+            del self._prompt_sum[spec.prompt_id]
 
     def record(self, t: Trajectory) -> None:
         spec = trajectory_spec(t, pending=False)
@@ -135,17 +155,22 @@ class OnlinePredictor:
         acc = self._prompt_sum.get(prompt_id)
         if acc is not None:
             guess = acc[0] / acc[1]
-        elif self._prompt_sum:
-            sums = self._prompt_sum.values()
-            guess = sum(a for a, _ in sums) / sum(n for _, n in sums)
+        elif self._all[1] > 0:
+            guess = self._all[0] / self._all[1]
         else:
             guess = float(generated)
         return max(guess, generated + 1.0)
 
     def predict(self, spec: TrajectorySpec, generated: int) -> float:
         """Predicted total output tokens of the trajectory whose pending turn ends `spec`."""
+        return self.predict_many([spec], [generated])[0]
+
+    def predict_many(
+        self, specs: Sequence[TrajectorySpec], generated: Sequence[int]
+    ) -> list[float]:
+        """`predict` for many at once (one pass of the model)."""
         model = self.model
         if model is None:
-            return self.fallback(spec.prompt_id, generated)
-        table = model.predict_steps([spec])[0]
-        return max(table[-1], generated + 1.0)
+            return [self.fallback(s.prompt_id, g) for s, g in zip(specs, generated, strict=True)]
+        tables = model.predict_steps(list(specs))
+        return [max(table[-1], g + 1.0) for table, g in zip(tables, generated, strict=True)]

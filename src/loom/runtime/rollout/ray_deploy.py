@@ -4,7 +4,7 @@ engines as actors in one placement group, each registering with the router as it
 Whose the deployment is. By default the actors and the placement group belong to the driver
 that deployed them (`loom serve rollout --ray`, a training script): Ray ends them when that
 driver exits or dies, SIGKILL included, and each engine's process ends with its actor (the
-engine is tethered to the actor's worker: `loom.runtime.tether`), so a killed driver leaves no
+engine is tethered to the actor's worker: `loom.proc.tether`), so a killed driver leaves no
 router answering and no GPUs reserved. `detached=True` makes a deployment that outlives its
 driver, for other drivers to `connect()` to; it runs until one of them shuts it down.
 

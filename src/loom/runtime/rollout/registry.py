@@ -80,8 +80,9 @@ class EngineRegistry:
         kind = cfg.kind
         timeout = self.config.engine_call_timeout_s
         if kind is EngineKind.AUTO:
-            kind = await probe_kind(cfg.url, self.session, timeout)
+            kind = await probe_kind(cfg.url, self.session, timeout, cfg.token)
         client = self._client_factory(kind, cfg.url, self.session, timeout)
+        client.token = cfg.token
         info = await client.probe()
         if self.model and info.model != self.model and self.live():
             raise Conflict(

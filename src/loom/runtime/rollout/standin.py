@@ -37,7 +37,7 @@ from typing import Any
 
 from aiohttp import web
 
-from loom.runtime.tether import Tethered
+from loom.proc.tether import Tethered
 
 __all__ = ["StandinEngine", "StandinProcess", "next_token"]
 
@@ -143,7 +143,9 @@ class StandinEngine:
         prefill_s_per_token: float = 0.0,
         incremental: bool = False,
         model: str = "standin",
+        token: str | None = None,
     ) -> None:
+        self.token = token  # the bearer token every route but /health wants (vLLM --api-key)
         self.step_s = step_s
         self.max_running = max_running
         self.prefill_s_per_token = prefill_s_per_token
@@ -256,6 +258,13 @@ class StandinEngine:
         """The injected fault, on every route but /debug."""
         if request.path.startswith("/debug"):
             return await handler(request)  # type: ignore[no-any-return]
+        wanted = f"Bearer {self.token}"
+        if (
+            self.token
+            and request.path != "/health"
+            and request.headers.get("Authorization") != wanted
+        ):
+            return web.json_response({"error": "missing or wrong token"}, status=401)
         if self.fault == "hang":
             while self.fault == "hang":
                 await asyncio.sleep(0.05)
@@ -448,12 +457,14 @@ def main() -> None:
     p.add_argument("--max-running", type=int, default=64)
     p.add_argument("--prefill-us-per-token", type=float, default=0.0)
     p.add_argument("--incremental", action="store_true")
+    p.add_argument("--token", default=None, help="bearer token every route but /health wants")
     args = p.parse_args()
     engine = StandinEngine(
         step_s=args.step_ms / 1000,
         max_running=args.max_running,
         prefill_s_per_token=args.prefill_us_per_token / 1e6,
         incremental=args.incremental,
+        token=args.token,
     )
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -103,6 +103,19 @@ class LocalTokenizer:
         return out
 
 
+def _cached(name: str) -> bool:
+    """Whether the Hugging Face cache holds a tokenizer of `name` (no network)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return False
+    try:
+        found = try_to_load_from_cache(name, "tokenizer_config.json")
+    except Exception:  # not a repo id
+        return False
+    return isinstance(found, str)
+
+
 def _space_marker(tokenizer: Any) -> str | None:
     """SentencePiece (Metaspace) tokenizers drop a token's leading space in `decode`."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
@@ -122,6 +135,10 @@ def load_tokenizer(candidates: Sequence[str], *, download: bool = False) -> Loca
     """The first of `candidates` (paths or model names) that `transformers` loads; None if
     none does or transformers is not installed (the caller then tokenizes at an engine).
     Without `download`, a name is looked up in the local Hugging Face cache only."""
+    if not download:  # NOTE: importing transformers costs seconds and hundreds of MB
+        candidates = [c for c in candidates if Path(c).is_dir() or _cached(c)]
+        if not candidates:
+            return None
     try:
         from transformers import AutoTokenizer
     except ImportError:

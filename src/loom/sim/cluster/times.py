@@ -8,7 +8,7 @@ from loom.cluster.group import GroupLayout
 from loom.cluster.job import MuxJob
 from loom.cluster.params import NoiseModel
 from loom.cluster.schedule import DurationFn, PhaseTimes
-from loom.sim.rng import stream
+from loom.core.rng import stream
 
 __all__ = ["IterationSampler"]
 

@@ -20,9 +20,9 @@ from loom.actions.managers.gpu import GpuNode, ServiceSpec
 from loom.core.actions import ActionKind, ActionSpec
 from loom.core.errors import ConfigError
 from loom.core.resources import DiscreteSet, RangeSet, ResourceKind, api_quota
+from loom.core.rng import stream
 from loom.sim.actions.plan import ActionStep, Stage, TrajectoryPlan
 from loom.sim.actions.testbed import ApiProvider, Testbed
-from loom.sim.rng import stream
 
 __all__ = [
     "CPU_NODE_CORES",

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from loom.core.errors import ConfigError
+from loom.core.rng import stream
 from loom.core.trajectory import TrajectorySpec, TurnSpec, WorkloadKind
-from loom.sim.rng import stream
 
 __all__ = ["PROFILES", "TOOL_LATENCY_S", "AgenticWorkload", "WorkloadProfile"]
 

@@ -191,8 +191,8 @@ def job_trace(
     number of steps uniform in `steps`; one node group each. Arrivals are Poisson at the rate
     that offers `load` times what `groups` groups hold when each job has a group to itself."""
     from loom.cluster.plexrl.timeline import Footprint
+    from loom.core.rng import stream
     from loom.sim.cluster.plexrl_trace import TraceJob
-    from loom.sim.rng import stream
 
     if jobs < 1 or groups < 1 or not load > 0:
         raise ConfigError("need >= 1 job, >= 1 group and load > 0")

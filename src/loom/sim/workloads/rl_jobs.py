@@ -33,7 +33,7 @@ from loom.cluster.params import (
 )
 from loom.cluster.sync import topology_aware_sync_s
 from loom.core.errors import ConfigError
-from loom.sim.rng import stream
+from loom.core.rng import stream
 
 __all__ = [
     "KINDS",

@@ -29,11 +29,11 @@ import numpy as np
 from scipy.special import betaln
 
 from loom.core.errors import ConfigError
+from loom.core.rng import stream
 from loom.core.topology import GpuType
 from loom.core.trajectory import TrajectorySpec, TurnSpec
 from loom.perf.specs import gpu_spec, model_spec
 from loom.rollout.policy import WorkerLayout
-from loom.sim.rng import stream
 from loom.sim.rollout.simulator import RolloutConfig
 
 __all__ = [

@@ -28,8 +28,8 @@ import numpy as np
 from scipy.signal import lfilter
 
 from loom.core.errors import ConfigError
+from loom.core.rng import stream
 from loom.perf.specs import gpu_spec, load_calibration, model_spec
-from loom.sim.rng import stream
 
 __all__ = [
     "DEFAULT_MEAN_RPS",

@@ -1,7 +1,7 @@
 """RL weight transfer from training to serving (ROSE §4.2): a sparse-delta codec for bf16
 tensors and shard plans from a Megatron TP × PP (× DP) layout to a vLLM TP layout."""
 
-from loom.state.weights.backends import Backend, backend_of
+from loom.state.weights.backends import Backend
 from loom.state.weights.bf16 import bf16_bits_to_float32, float32_to_bf16_bits
 from loom.state.weights.codec import (
     DENSE_THRESHOLD,
@@ -18,6 +18,7 @@ from loom.state.weights.codec import (
     header_nbytes,
     read_header,
 )
+from loom.state.weights.ops import backend_of
 from loom.state.weights.params import (
     ParamSpec,
     ShardRule,

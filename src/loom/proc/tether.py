@@ -134,7 +134,7 @@ def _watch(command: int, grace_s: float) -> NoReturn:
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
-    parser = argparse.ArgumentParser(prog="python -m loom.runtime.tether", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m loom.proc.tether", description=__doc__)
     parser.add_argument("--grace-s", type=float, default=GRACE_S)
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
