@@ -12,9 +12,9 @@ import sys
 from dataclasses import fields
 
 from loom.core.errors import ConfigError
+from loom.proc.tether import Tethered
 from loom.rollout.engine_queue import EngineSchedulingPolicy
 from loom.runtime.emulate.config import EmulatedEngineConfig, EmulationSpec
-from loom.runtime.tether import Tethered
 
 __all__ = ["EmulatedProcess", "main"]
 
