@@ -24,6 +24,7 @@ __all__ = [
     "word",
 ]
 
+
 def word(token: int) -> str:
     return f"t{token}"
 
