@@ -14,8 +14,22 @@ latency, append the tool's reply, and end the trajectory after its last turn.
 Engines: `--vllm N` starts N vLLM CPU engines on the tiny model (the `engine` extra),
 `--standin N` N stand-in SGLang engines, or `--engine URL ...` uses running ones.
 
+Two settings of issue 28:
+
+* Paper scale on emulated GPUs (`--emulate qwen3-14b@h100:tp2 --engines 8`): engines that
+  behave like the GPU (`loom serve engine --emulate`: the simulator's worker on a wall clock
+  scaled by `--time-scale`), Heddle's batch unscaled (`--prompts 32 --samples 16`: 512
+  trajectories of each of `--kinds`), tool latencies slept at the same time scale. Makespans
+  are reported in GPU seconds (wall / time scale), beside the simulator's for the same batch
+  (`sim_s`, the same policies on the same worker model; KV is not moved, as the router cannot),
+  with the router's CPU per turn and its share of the run's CPU.
+* Real vLLM CPU engines, saturated (`--vllm 2 --max-running 4 --prompts 12 --samples 4
+  --repeats 5`): engines capped so that they queue, a long-tailed batch of 48 trajectories.
+
 Run: python benchmarks/bench_rollout_runtime.py --vllm 2 [--kind coding] [--prompts 4]
      [--samples 4] [--max-running 4] [--json out.json]
+     python benchmarks/bench_rollout_runtime.py --emulate qwen3-14b@h100:tp2 --engines 8
+     --time-scale 0.2 [--kinds coding,search,math] [--repeats 3] [--json out.json]
 """
 
 from __future__ import annotations
@@ -37,11 +51,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 
 from loom.core.trajectory import TrajectorySpec, TurnSpec, WorkloadKind
 from loom.rollout.history import TrajectoryRecord, TurnRecord
 from loom.rollout.history import write_history as history_file
 from loom.runtime.rollout import BackgroundRouter, EngineConfig, RolloutServerConfig
+from loom.runtime.rollout.config import parse_engine
 from loom.runtime.rollout.prediction import HISTORY_FILE
 from loom.runtime.rollout.standin import StandinProcess
 from loom.sim.workloads.agentic import AgenticWorkload
@@ -78,6 +94,35 @@ class Turn:
     tool_s: float | None
 
 
+_UNLIMITED = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+# NOTE: httpx's default pool holds 100 connections: beyond 100 trajectories the agents would
+# queue in the client, not in the router
+_PER_CLIENT = 8
+# NOTE: httpcore scans every connection of its pool on each request (is_idle, has_expired):
+# 512 agents on one client spent 49 CPU s of a 64 s run there. One client per 8 agents.
+
+
+@contextlib.asynccontextmanager
+async def _clients(url: str, n_agents: int) -> Any:
+    """HTTP clients for `n_agents` agents, `_PER_CLIENT` to a client, made before the clock
+    starts (each builds an SSL context), their connections opened in waves: 512 agents
+    connecting at once overflow a server's listen backlog (aiohttp's is 128), and a connection
+    the kernel dropped from it fails its first request (httpx.ReadError)."""
+    async with contextlib.AsyncExitStack() as stack:
+        pool = [
+            await stack.enter_async_context(
+                httpx.AsyncClient(base_url=url, timeout=3600, limits=_UNLIMITED)
+            )
+            for _ in range(max(1, -(-n_agents // _PER_CLIENT)))
+        ]
+        wave = max(1, 64 // _PER_CLIENT)
+        for i in range(0, len(pool), wave):
+            await asyncio.gather(
+                *(c.get("/health") for c in pool[i : i + wave] for _ in range(_PER_CLIENT))
+            )
+        yield pool
+
+
 def _workload(args: argparse.Namespace) -> AgenticWorkload:
     return AgenticWorkload(
         kind=WorkloadKind(args.kind),
@@ -111,19 +156,21 @@ async def agent(
     http: httpx.AsyncClient,
     key: str,
     turns: list[Turn],
-    vocab: int,
-    rng: random.Random,
+    draws: list[list[int]],
     words: list[str] | None = None,
+    sleep_scale: float = 1.0,
+    model: str = "loom-tiny",
 ) -> int:
     """One trajectory's turns; with `words` (a peer router) the context goes as text: the
     drawn tokens as their words, the generated tokens as the text the engine returned (ids
     past the tokenizer's vocabulary, which the random model can emit, detokenize to nothing,
-    so such a context can be a few tokens shorter than the token-id one)."""
+    so such a context can be a few tokens shorter than the token-id one). Tool latencies are
+    slept times `sleep_scale` (an emulated engine's time scale). `draws`: the prompt's and each
+    tool reply's tokens, drawn before the clock starts (`draw_tokens`)."""
     context: list[int] = []
     text = ""
     generated = 0
-    for turn in turns:
-        drawn = [rng.randrange(3, vocab) for _ in range(turn.input_tokens)]
+    for turn, drawn in zip(turns, draws, strict=True):
         context += drawn
         body: dict[str, Any] = {
             "max_tokens": turn.output_tokens,
@@ -137,12 +184,13 @@ async def agent(
         else:
             text += "".join(" " + words[i] for i in drawn)
             body["prompt"] = text.lstrip()
-            body["model"] = MODEL
+            body["model"] = model
             headers = {"X-SMG-Routing-Key": key}
-        resp = await http.post("/v1/completions", json=body, headers=headers)
+        headers["Content-Type"] = "application/json"
+        resp = await http.post("/v1/completions", content=orjson.dumps(body), headers=headers)
         if resp.status_code != 200:
             raise RuntimeError(f"{key}: {resp.status_code} {resp.text[:500]}")
-        choice = resp.json()["choices"][0]
+        choice = orjson.loads(resp.content)["choices"][0]
         ids = choice["token_ids"]
         if len(ids) != turn.output_tokens:
             raise RuntimeError(f"{key}: asked {turn.output_tokens} tokens, got {len(ids)}")
@@ -150,7 +198,7 @@ async def agent(
         text += choice["text"]
         generated += len(ids)
         if turn.tool_s is not None:
-            await asyncio.sleep(turn.tool_s)
+            await asyncio.sleep(turn.tool_s * sleep_scale)
     if words is None:
         (await http.post(f"/v1/trajectories/{key}/end")).raise_for_status()
     return generated
@@ -165,28 +213,54 @@ def _rng(seed: int, spec: TrajectorySpec) -> random.Random:
     return random.Random(seed * 7919 + spec.traj_id)
 
 
-async def vocabulary(engine: str) -> list[str]:
+Draws = dict[int, list[list[int]]]
+
+
+def draw_tokens(batch: list[tuple[TrajectorySpec, list[Turn]]], seed: int) -> Draws:
+    """Each trajectory's prompt and tool-reply tokens, per turn, drawn once before any run:
+    at paper scale they are millions of tokens, whose drawing inside a run would charge the
+    agents' CPU to the makespan."""
+    out: Draws = {}
+    for spec, turns in batch:
+        rng = _rng(seed, spec)
+        out[spec.traj_id] = [
+            [rng.randrange(3, VOCAB) for _ in range(t.input_tokens)] for t in turns
+        ]
+    return out
+
+
+async def vocabulary(engine: str, model: str = MODEL) -> list[str]:
     """Word of each token id of the engine's word-level tokenizer, checked to round-trip."""
     async with httpx.AsyncClient(base_url=engine, timeout=60) as http:
         ids = list(range(VOCAB))
-        resp = await http.post("/detokenize", json={"model": MODEL, "tokens": ids})
+        resp = await http.post("/detokenize", json={"model": model, "tokens": ids})
         words = resp.json()["prompt"].split(" ")
-        back = await http.post("/tokenize", json={"model": MODEL, "prompt": " ".join(words[3:])})
+        back = await http.post("/tokenize", json={"model": model, "prompt": " ".join(words[3:])})
         if len(words) != VOCAB or back.json()["tokens"] != ids[3:]:
             raise RuntimeError("the engine's tokenizer is not one word per token")
     return words
 
 
 async def run_peer_batch(
-    url: str, batch: list[tuple[TrajectorySpec, list[Turn]]], seed: int, words: list[str]
+    url: str,
+    batch: list[tuple[TrajectorySpec, list[Turn]]],
+    draws: Draws,
+    words: list[str],
+    scale: float = 1.0,
+    model: str = MODEL,
 ) -> dict:
-    """The batch through a peer router: no declaration, no end, no Loom stats."""
-    async with httpx.AsyncClient(base_url=url, timeout=3600) as http:
+    """The batch through a peer router: no declaration, no end, no Loom stats. Times are
+    wall seconds / `scale` (GPU seconds of emulated engines)."""
+    async with _clients(url, len(batch)) as pool:
         t0 = time.perf_counter()
         tokens = await asyncio.gather(
-            *(agent(http, f"t{s.traj_id}", t, VOCAB, _rng(seed, s), words) for s, t in batch)
-        )
-        makespan = time.perf_counter() - t0
+            *(
+                agent(pool[i // _PER_CLIENT], f"t{s.traj_id}", t, draws[s.traj_id], words, scale,
+                      model)
+                for i, (s, t) in enumerate(batch)
+            )
+        )  # fmt: skip
+        makespan = (time.perf_counter() - t0) / scale
     return {
         "makespan_s": makespan,
         "tokens": sum(tokens),
@@ -197,8 +271,11 @@ async def run_peer_batch(
     }
 
 
-async def run_batch(url: str, batch: list[tuple[TrajectorySpec, list[Turn]]], seed: int) -> dict:
-    async with httpx.AsyncClient(base_url=url, timeout=3600) as http:
+async def run_batch(
+    url: str, batch: list[tuple[TrajectorySpec, list[Turn]]], draws: Draws, scale: float = 1.0
+) -> dict:
+    async with _clients(url, len(batch)) as pool:
+        http = pool[0]
         declared = [
             {
                 "id": f"t{s.traj_id}",
@@ -210,9 +287,12 @@ async def run_batch(url: str, batch: list[tuple[TrajectorySpec, list[Turn]]], se
         (await http.post("/v1/rollouts", json={"trajectories": declared})).raise_for_status()
         t0 = time.perf_counter()
         tokens = await asyncio.gather(
-            *(agent(http, f"t{s.traj_id}", turns, VOCAB, _rng(seed, s)) for s, turns in batch)
+            *(
+                agent(pool[i // _PER_CLIENT], f"t{s.traj_id}", turns, draws[s.traj_id], None, scale)
+                for i, (s, turns) in enumerate(batch)
+            )
         )
-        makespan = time.perf_counter() - t0
+        makespan = (time.perf_counter() - t0) / scale
         stats = (await http.get("/v1/stats")).json()
     return {
         "makespan_s": makespan,
@@ -296,21 +376,28 @@ def run_system(
     n_hist: int,
 ) -> dict[str, Any]:
     """One run of the batch through a fresh router configured as system `name`."""
+    scale = args.time_scale if args.emulate else 1.0
+    draws = _draws(args, batch)
     if name in PEERS:
         from bench_rollout_router import sglang_router
 
-        words = asyncio.run(vocabulary(urls[0]))
+        words = asyncio.run(vocabulary(urls[0], args.model_name))
         with sglang_router(*urls, policy=PEERS[name]) as peer:
             if peer is None:
                 raise SystemExit(f"{name} needs sglang-router: pip install sglang-router")
-            with _cpu_of(peer[1]) as used:
-                row = asyncio.run(run_peer_batch(peer[0], batch, args.seed, words))
-            return {"system": name, **row, "router_cpu_s": used()}
+            with _cpu_of(peer[1]) as used, _cpu_window(args) as window:
+                row = asyncio.run(
+                    run_peer_batch(peer[0], batch, draws, words, scale, args.model_name)
+                )
+            return {"system": name, **row, "router_cpu_s": used(), **window}
     placement, scheduler = SYSTEMS[name]
     state = Path(tempfile.mkdtemp(dir=tmp))
     if n_hist:
         (state / HISTORY_FILE).write_bytes((tmp / HISTORY_FILE).read_bytes())
-    profiles = (TINY_PROFILE,) if args.vllm or args.simulate else ()
+    profiles = (TINY_PROFILE,) if (args.vllm or args.simulate) and not args.emulate else ()
+    engine_opts = f"max_running={args.max_running}"
+    if args.emulate:  # the GPU's degree for Heddle's placement; the key as vLLM's priority
+        engine_opts += f",tp={_spec(args).tp},priority"
     if args.in_process:
         cfg = RolloutServerConfig(
             port=0,
@@ -318,11 +405,16 @@ def run_system(
             scheduler=scheduler,
             profiles=profiles,
             state_dir=state if n_hist else None,
-            engines=tuple(EngineConfig(url=u, max_running=args.max_running) for u in urls),
+            engines=tuple(
+                EngineConfig.model_validate(parse_engine(f"{u},{engine_opts}")) for u in urls
+            ),
+            **_cost_model(args),
         )
         with BackgroundRouter(cfg) as router:
             _wait_fitted(router.url, n_hist)
-            return {"system": name, **asyncio.run(run_batch(router.url, batch, args.seed))}
+            with _cpu_window(args) as window:
+                row = asyncio.run(run_batch(router.url, batch, draws, scale))
+            return {"system": name, **row, **window}
     # As users run it, and as the peer runs: a process of its own.
     from bench_rollout_router import _free_port, _process
 
@@ -330,15 +422,79 @@ def run_system(
     cmd = [sys.executable, "-m", "loom.cli", "serve", "rollout", "--port", str(port)]
     cmd += ["--placement", placement, "--scheduler", scheduler, "--state-dir", str(state)]
     for url in urls:
-        cmd += ["--engine", f"{url},max_running={args.max_running}"]
+        cmd += ["--engine", f"{url},{engine_opts}"]
     for profile in profiles:
         cmd += ["--profile", str(profile)]
+    cfg = _cost_model(args)
+    if cfg:
+        cmd += ["--config", str(_write_config(tmp, cfg))]
     url = f"http://127.0.0.1:{port}"
     with _process(cmd, url, "/health") as proc:
         _wait_fitted(url, n_hist)
-        with _cpu_of(proc.pid) as used:
-            row = asyncio.run(run_batch(url, batch, args.seed))
-        return {"system": name, **row, "router_cpu_s": used()}
+        with _cpu_of(proc.pid) as used, _cpu_window(args) as window:
+            row = asyncio.run(run_batch(url, batch, draws, scale))
+        return {"system": name, **row, "router_cpu_s": used(), **window}
+
+
+@contextlib.contextmanager
+def _cpu_window(args: argparse.Namespace) -> Iterator[dict[str, float]]:
+    """CPU seconds the engines (emulated ones) and this process (the agents) use inside the
+    block, and its wall seconds; filled in when the block ends."""
+    pids = getattr(args, "engine_pids", [])
+    out: dict[str, Any] = {}
+    stats0 = _engine_stats(args)
+    engines0, own0, t0 = _process_cpu(pids), _own_cpu(), time.perf_counter()
+    yield out
+    out["wall_s"] = time.perf_counter() - t0
+    out["engines_cpu_s"] = _process_cpu(pids) - engines0
+    out["agents_cpu_s"] = _own_cpu() - own0
+    stats = _engine_stats(args)
+    out["engine"] = {k: stats[k] - stats0.get(k, 0) for k in stats}
+
+
+_ENGINE_COUNTS = ("preemptions", "prefill_tokens", "cached_hit_tokens", "busy_s")
+
+
+def _engine_stats(args: argparse.Namespace) -> dict[str, float]:
+    """Emulated engines' counters, summed: preemptions, tokens prefilled and found cached,
+    GPU-busy seconds."""
+    urls = getattr(args, "engine_urls", [])
+    total = dict.fromkeys(_ENGINE_COUNTS, 0.0)
+    for url in urls:
+        got = httpx.get(url + "/debug/stats", timeout=30).json()
+        for k in _ENGINE_COUNTS:
+            total[k] += got[k]
+    return total
+
+
+def _draws(args: argparse.Namespace, batch: list[tuple[TrajectorySpec, list[Turn]]]) -> Draws:
+    """The batch's drawn tokens, drawn on its first run and kept for the others."""
+    key = (args.kind, len(batch))
+    cache = args.__dict__.setdefault("draw_cache", {})
+    if key not in cache:
+        cache.clear()  # one workload at a time: a paper-scale one is millions of tokens
+        cache[key] = draw_tokens(batch, args.seed)
+    return cache[key]
+
+
+def _spec(args: argparse.Namespace) -> Any:
+    from loom.runtime.emulate import EmulationSpec
+
+    return EmulationSpec.parse(args.emulate)
+
+
+def _cost_model(args: argparse.Namespace) -> dict[str, str]:
+    """Heddle's placement plans with the roofline of the emulated GPU."""
+    if not args.emulate:
+        return {}
+    spec = _spec(args)
+    return {"model": spec.model, "gpu": spec.gpu.value}
+
+
+def _write_config(tmp: Path, values: dict[str, str]) -> Path:
+    path = tmp / "router.json"
+    path.write_text(json.dumps(values))
+    return path
 
 
 @contextlib.contextmanager
@@ -468,12 +624,78 @@ def simulate(
     return sim.run().makespan_s
 
 
+def simulate_emulated(
+    args: argparse.Namespace,
+    name: str,
+    batch: list[tuple[TrajectorySpec, list[Turn]]],
+    dispatch_s: float = 0.0,
+    decision_s: float = 0.0,
+) -> Any:
+    """The same batch in Loom's rollout simulator on the worker model the emulated engines
+    run (the roofline of the emulated GPU, the engines' settings), under system `name`'s
+    policies inside the workers, as `loom reproduce heddle` runs them; the router's predictor
+    fitted on the same history. KV caches do not move (the router cannot move them).
+    `dispatch_s`: GPU seconds from a turn being ready to the router (the simulator's
+    `dispatch_delay_s`: the HTTP round trips); `decision_s`: the router's GPU seconds per turn,
+    one turn at a time (`router_decision_s`)."""
+    from loom.rollout.heddle.predictor import ProgressivePredictor
+    from loom.rollout.policy import SCHEDULERS, WorkerLayout
+    from loom.runtime.rollout.driver import make_router
+    from loom.sim.rollout.simulator import RolloutConfig, RolloutSimulator
+
+    spec = _spec(args)
+    placement, scheduler = SYSTEMS[name]
+    specs = [to_spec(s, t) for s, t in batch]
+    history = [to_spec(s, t) for e in range(args.history) for s, t in scaled_batch(args, e)]
+    predictions = ProgressivePredictor().fit(history).predict_steps(specs) if history else None
+    settings = RolloutServerConfig(
+        placement=placement,
+        scheduler=scheduler,
+        model=spec.model,
+        gpu=spec.gpu.value,
+        engines=tuple(
+            EngineConfig(url=f"http://sim{i}", max_running=args.max_running, tp=spec.tp)
+            for i in range(args.engines)
+        ),
+    )
+    sim = RolloutSimulator(
+        specs,
+        WorkerLayout(degrees=(spec.tp,) * args.engines),
+        SCHEDULERS.get(scheduler)(),
+        make_router(settings, history=history),
+        RolloutConfig(
+            model=spec.model,
+            gpu=spec.gpu,
+            max_running=args.engine_max_running,
+            migrate_kv=False,
+            dispatch_delay_s=dispatch_s,
+            router_decision_s=decision_s,
+        ),
+        predictions=predictions,
+    )
+    return sim.run()
+
+
 @contextlib.contextmanager
 def engines(args: argparse.Namespace) -> Iterator[list[str]]:
     if args.engine:
         yield args.engine
         return
     with contextlib.ExitStack() as stack:
+        if args.emulate:
+            from loom.runtime.emulate import EmulatedProcess
+
+            flags = ["--time-scale", str(args.time_scale), "--max-running",
+                     str(args.engine_max_running), "--stream-interval-ms",
+                     str(args.stream_interval_ms)]  # fmt: skip
+            procs = [
+                stack.enter_context(EmulatedProcess(args.emulate, *flags))
+                for _ in range(args.engines)
+            ]
+            args.engine_pids = [p.pid for p in procs]
+            args.engine_urls = [p.url for p in procs]
+            yield [p.url for p in procs]
+            return
         if args.vllm:
             from loom.runtime.engine import EnginePool
 
@@ -486,6 +708,165 @@ def engines(args: argparse.Namespace) -> Iterator[list[str]]:
                 for _ in range(args.standin)
             ]
         yield urls
+
+
+def _process_cpu(pids: list[int]) -> float:
+    """User + system CPU seconds of processes `pids` and their children so far."""
+    import psutil
+
+    total = 0.0
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            for p in (proc, *proc.children(recursive=True)):
+                t = p.cpu_times()
+                total += t.user + t.system
+        except psutil.Error:
+            continue
+    return total
+
+
+def _round_trip_s(url: str, n: int = 50) -> float:
+    """Median wall seconds of an HTTP round trip on loopback (a GET of /health)."""
+    times = []
+    with httpx.Client(base_url=url, timeout=30) as http:
+        for _ in range(n):
+            t0 = time.perf_counter()
+            http.get("/health").raise_for_status()
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _own_cpu() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def main_emulated(args: argparse.Namespace) -> None:
+    """Issue 28's paper-scale setting: every workload of `--kinds`, each Loom system and each
+    peer run `--repeats` times, interleaved, over the same emulated engines; the simulator's
+    makespan of the same batch beside each Loom system's."""
+    from bench_rollout_router import _wait
+
+    systems = [s for s in args.systems.split(",") if s]
+    peers = [s for s in args.peers.split(",") if s]
+    rows: list[dict[str, Any]] = []
+    with engines(args) as urls, tempfile.TemporaryDirectory() as tmp:
+        for url in urls:
+            _wait(url, "/health")
+        args.model_name = httpx.get(urls[0] + "/v1/models", timeout=30).json()["data"][0]["id"]
+        rtt = _round_trip_s(urls[0])
+        print(
+            f"{len(urls)} emulated engines {args.emulate}, time scale {args.time_scale:g}; "
+            f"HTTP round trip on loopback {1e3 * rtt:.2f} ms wall"
+        )
+        for kind in args.kinds.split(","):
+            args.kind = kind
+            batch = scaled_batch(args)
+            n_turns = sum(len(t) for _, t in batch)
+            n_tokens = sum(x.output_tokens for _, t in batch for x in t)
+            print(f"{kind}: {len(batch)} trajectories, {n_turns} turns, {n_tokens} output tokens")
+            work = Path(tmp) / kind
+            work.mkdir()
+            n_hist = write_history(args, work) if args.history else 0
+            sims = {name: simulate_emulated(args, name, batch) for name in systems}
+            for name, res in sims.items():
+                print(
+                    f"  simulated {name:>8}: {res.makespan_s:8.1f} s, preemptions "
+                    f"{res.preemptions}, prefilled {res.prefill_tokens}, cached "
+                    f"{res.cache_hit_tokens}, migrations {res.migrations}",
+                    flush=True,
+                )
+            runs: dict[str, list[dict[str, Any]]] = {}
+            for rep in range(args.repeats):  # systems interleaved: drift hits all alike
+                for name in systems + peers:
+                    row = run_system(args, name, urls, batch, work, n_hist)
+                    row["turns"] = n_turns
+                    runs.setdefault(name, []).append(row)
+                    router = row.get("router_cpu_s", 0.0)
+                    total = router + row["engines_cpu_s"] + row["agents_cpu_s"]
+                    print(
+                        f"  {name:>19} #{rep}: makespan {row['makespan_s']:7.1f} s "
+                        f"(wall {row['wall_s']:.0f} s), preemptions {row['preemptions']}, "
+                        f"router CPU {1e3 * router / n_turns:.2f} ms/turn "
+                        f"({100 * router / max(total, 1e-9):.0f}% of the run's "
+                        f"{total:.1f} CPU s: engines {row['engines_cpu_s']:.1f}, agents "
+                        f"{row['agents_cpu_s']:.1f}); per turn: {per_turn(row['timing'])}; "
+                        "engines: " + ", ".join(f"{k} {v:.0f}" for k, v in row["engine"].items()),
+                        flush=True,
+                    )
+            for name, got in runs.items():
+                spans = [r["makespan_s"] for r in got]
+                router = [r.get("router_cpu_s", 0.0) for r in got]
+                totals = [
+                    r.get("router_cpu_s", 0.0) + r["engines_cpu_s"] + r["agents_cpu_s"] for r in got
+                ]
+                row = {
+                    "workload": kind,
+                    "system": name,
+                    "makespan_s": statistics.median(spans),
+                    "makespan_runs_s": spans,
+                    "spread": (max(spans) - min(spans)) / statistics.median(spans),
+                    "preemptions": statistics.median(r["preemptions"] for r in got),
+                    "router_cpu_ms_per_turn": 1e3 * statistics.median(router) / n_turns,
+                    "router_cpu_share": statistics.median(
+                        a / max(b, 1e-9) for a, b in zip(router, totals, strict=True)
+                    ),
+                    "run_cpu_s": statistics.median(totals),
+                    "wall_s": statistics.median(r["wall_s"] for r in got),
+                }
+                if name in sims:
+                    row["sim_s"] = sims[name].makespan_s
+                    row["real_over_sim"] = row["makespan_s"] / row["sim_s"]
+                    # the served router: its CPU per turn, spent one turn at a time (one event
+                    # loop), and two round trips (agent to router, router to engine) per turn;
+                    # wall seconds, in GPU seconds
+                    decision = statistics.median(router) / n_turns / args.time_scale
+                    routed = simulate_emulated(
+                        args, name, batch, 2 * rtt / args.time_scale, decision
+                    )
+                    row["sim_decision_s"] = decision
+                    row["sim_routed_s"] = routed.makespan_s
+                    row["real_over_sim_routed"] = row["makespan_s"] / routed.makespan_s
+                rows.append(row)
+            _report(kind, [r for r in rows if r["workload"] == kind], peers)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+def _report(kind: str, rows: list[dict[str, Any]], peers: list[str]) -> None:
+    by = {r["system"]: r for r in rows}
+    h_span = by["heddle"]["makespan_s"] if "heddle" in by else None
+    print(
+        f"{kind}: median makespan (GPU s), spread (max-min)/median, makespan / heddle's, "
+        "real/simulated:"
+    )
+    for r in rows:
+        if h_span is not None:
+            r["vs_heddle"] = r["makespan_s"] / h_span
+        sim = ""
+        if "sim_s" in r:
+            sim = (
+                f", sim {r['sim_s']:.1f} s, real/sim {r['real_over_sim']:.3f}; with the router's "
+                f"{r['sim_decision_s']:.3f} s/turn: sim {r['sim_routed_s']:.1f} s, real/sim "
+                f"{r['real_over_sim_routed']:.3f}"
+            )
+        print(
+            f"  {r['system']:>19}: {r['makespan_s']:8.1f} s (spread {100 * r['spread']:.1f}%), "
+            f"x{r.get('vs_heddle', float('nan')):.3f}{sim}; router "
+            f"{r['router_cpu_ms_per_turn']:.2f} ms CPU/turn, "
+            f"{100 * r['router_cpu_share']:.1f}% of the run's CPU"
+        )
+    if "heddle" not in by:
+        return
+    h = by["heddle"]["makespan_s"]
+    base = [by[s]["makespan_s"] for s in ("verl", "slime", "verl*") if s in by]
+    peer = [by[s]["makespan_s"] for s in peers if s in by]
+    if base:
+        print(f"  best of verl/slime/verl* / heddle: {min(base) / h:.3f} (target >= 1.2)")
+    if peer:
+        print(f"  best sglang-router policy / heddle: {min(peer) / h:.3f} (target >= 1.3)")
 
 
 def main() -> None:
@@ -522,7 +903,30 @@ def main() -> None:
         "--cpu", action="store_true", help="report CPU seconds by process class for each run"
     )
     ap.add_argument("--json", default=None)
+    emu = ap.add_argument_group("paper scale on emulated GPUs")
+    emu.add_argument("--emulate", default=None, help="MODEL@GPU[:tpN], e.g. qwen3-14b@h100:tp2")
+    emu.add_argument("--engines", type=int, default=8, help="emulated engines")
+    emu.add_argument("--time-scale", type=float, default=0.2, help="wall s per GPU s")
+    emu.add_argument("--kinds", default="coding,search,math", help="workloads, in turn")
+    emu.add_argument(
+        "--engine-max-running", type=int, default=1024, help="each engine's own max_num_seqs"
+    )
+    emu.add_argument(
+        "--stream-interval-ms", type=float, default=250.0, help="wall ms between stream chunks"
+    )
+    emu.add_argument(
+        "--peers",
+        default="sglang:cache_aware,sglang:power_of_two,sglang:round_robin,sglang:manual",
+        help="sglang-router policies over the same engines ('' for none)",
+    )
+    if "--emulate" in sys.argv[1:]:  # paper scale: Heddle's batch unscaled
+        ap.set_defaults(
+            prompts=32, samples=16, token_scale=1.0, tool_scale=1.0, max_turn_tokens=10**9,
+            max_turns=48, max_running=1024,
+        )  # fmt: skip
     args = ap.parse_args()
+    if args.emulate:
+        return main_emulated(args)
     batch = scaled_batch(args)
     n_turns = sum(len(t) for _, t in batch)
     n_tokens = sum(x.output_tokens for _, t in batch for x in t)

@@ -662,12 +662,45 @@ def serve_engine(
     port: Annotated[int, typer.Option("--port", help="port to bind; 0 picks a free one")] = 0,
     host: Annotated[str, typer.Option("--host", help="address to bind")] = "127.0.0.1",
     max_running: Annotated[
-        int, typer.Option("--max-running", help="most requests decoding at once")
-    ] = 16,
+        int | None,
+        typer.Option(
+            "--max-running",
+            help="most requests decoding at once (default 16; emulated: 1024, the simulator's)",
+        ),
+    ] = None,
     state_dir: Annotated[
         Path | None,
         typer.Option("--state-dir", help="cache the model under DIR/engine-model"),
     ] = None,
+    emulate: Annotated[
+        str | None,
+        typer.Option(
+            "--emulate",
+            help="MODEL@GPU[:tpN] (e.g. qwen3-14b@h100:tp2): instead of vLLM, an engine that "
+            "behaves like that GPU (the simulator's worker on a scaled wall clock), in vLLM's "
+            "dialect; no model, no GPU",
+        ),
+    ] = None,
+    time_scale: Annotated[
+        float,
+        typer.Option(
+            "--time-scale",
+            help="with --emulate: wall seconds per GPU second (0.1: ten times faster)",
+        ),
+    ] = 1.0,
+    scheduling_policy: Annotated[
+        str,
+        typer.Option(
+            "--scheduling-policy", help="with --emulate: priority (default) or fcfs, as vLLM's"
+        ),
+    ] = "priority",
+    stream_interval_ms: Annotated[
+        float,
+        typer.Option(
+            "--stream-interval-ms",
+            help="with --emulate: wall milliseconds between a stream's chunks",
+        ),
+    ] = 50.0,
     priority: Annotated[
         bool,
         typer.Option(
@@ -702,10 +735,27 @@ def serve_engine(
     token: TokenOption = None,
     allow_open: AllowOpenOption = False,
 ) -> None:
-    """Serve a tiny random-weight model with vLLM on the CPU (built once; nothing downloaded)."""
+    """Serve a tiny random-weight model with vLLM on the CPU (built once; nothing downloaded),
+    or with --emulate an engine that behaves like a GPU."""
     import signal
 
     from loom.core.errors import ConfigError
+
+    if emulate is not None:
+        from loom.runtime.access import is_loopback
+
+        if token is not None or config is not None:
+            raise typer.BadParameter("--token and --config are not supported with --emulate")
+        if not is_loopback(host) and not allow_open:
+            raise typer.BadParameter(
+                f"an emulated engine has no token: it binds loopback only (got --host {host}); "
+                "--allow-open to bind beyond it anyway"
+            )
+        _serve_emulated(
+            emulate, host, port, max_running, time_scale, scheduling_policy, stream_interval_ms
+        )
+        return
+    max_running = 16 if max_running is None else max_running
     from loom.runtime.engine import (
         EngineConfig,
         EngineProcess,
@@ -760,6 +810,41 @@ def serve_engine(
             code = 0
     if code:
         raise typer.Exit(code)
+
+
+def _serve_emulated(
+    spec: str,
+    host: str,
+    port: int,
+    max_running: int | None,
+    time_scale: float,
+    scheduling_policy: str,
+    stream_interval_ms: float,
+) -> None:
+    from loom.core.errors import ConfigError
+    from loom.runtime.emulate.process import make_config
+    from loom.runtime.emulate.server import serve
+
+    try:
+        cfg = make_config(
+            spec,
+            time_scale=time_scale,
+            scheduling_policy=scheduling_policy,
+            max_running=max_running,
+            stream_interval_s=stream_interval_ms / 1000,
+        )
+    except (ConfigError, ValueError) as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+    def announce(url: str) -> None:
+        console.log(
+            f"[bold]loom engine[/bold] on [link]{url}[/link] — emulated {cfg.spec}, time scale "
+            f"{cfg.time_scale:g}, max running {cfg.max_running}, {cfg.scheduling_policy} "
+            "scheduling"
+        )
+        console.print(url, highlight=False)
+
+    serve(cfg, host, port, announce)
 
 
 def _read_table(path: Path) -> dict[str, Any]:

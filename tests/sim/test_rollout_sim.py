@@ -175,3 +175,56 @@ def test_bad_input_is_rejected(batch):
             cfg,
             predictions=[(1.0,)],
         )
+
+
+@pytest.mark.parametrize("router", ["cache", "heddle"])
+def test_dispatch_delay_adds_once_per_turn_on_an_idle_cluster(router):
+    # One trajectory alone: nothing else moves, so each of its turns reaches the worker
+    # `dispatch_delay_s` later and the trajectory ends that much later per turn.
+    traj = TrajectorySpec(
+        traj_id=0,
+        prompt_id=0,
+        sample_idx=0,
+        workload=WorkloadKind.CODING,
+        turns=(TurnSpec(512, 64, 2.0), TurnSpec(128, 32, 1.0), TurnSpec(64, 16, None)),
+    )
+    base = RolloutConfig(model="qwen3-8b")
+    late = RolloutConfig(model="qwen3-8b", dispatch_delay_s=0.25)
+    _, a = _run([traj], (1, 1), "pps", router, base, _oracle([traj]))
+    _, b = _run([traj], (1, 1), "pps", router, late, _oracle([traj]))
+    assert b.makespan_s == pytest.approx(a.makespan_s + 3 * 0.25, rel=1e-9)
+    assert b.output_tokens == a.output_tokens and b.prefill_tokens == a.prefill_tokens
+
+
+def test_dispatch_delay_slows_a_contended_batch_but_loses_nothing(batch):
+    _, a = _run(batch, (2, 2), "pps", "heddle", preds=_oracle(batch))
+    late = RolloutConfig(model="qwen3-8b", dispatch_delay_s=0.5)
+    _, b = _run(batch, (2, 2), "pps", "heddle", late, _oracle(batch))
+    assert b.output_tokens == a.output_tokens
+    assert np.all(b.finish_s >= np.array([t.tool_time_s + 0.5 * t.num_turns for t in batch]))
+
+
+def test_router_decisions_are_one_at_a_time():
+    # Decisions far longer than a turn: the k-th first turn reaches its worker after k
+    # decisions and runs alone, and a second turn waits for no one (the others are done).
+    def traj(i, turns):
+        return TrajectorySpec(
+            traj_id=i, prompt_id=i, sample_idx=0, workload=WorkloadKind.MATH, turns=turns
+        )
+
+    one = (TurnSpec(256, 32, None),)
+    two = (TurnSpec(256, 32, 5.0), TurnSpec(64, 32, None))
+    alone = _run([traj(0, one)], (1,), "fcfs", "least")[1].makespan_s
+    alone_two = _run([traj(0, two)], (1,), "fcfs", "least")[1].makespan_s
+    cfg = RolloutConfig(model="qwen3-8b", router_decision_s=100.0)
+    _, res = _run([traj(0, one), traj(1, one), traj(2, one)], (1,), "fcfs", "least", cfg)
+    assert res.finish_s == pytest.approx([100 + alone, 200 + alone, 300 + alone], rel=1e-9)
+    _, res = _run([traj(0, two)], (1,), "fcfs", "least", cfg)
+    assert res.makespan_s == pytest.approx(200 + alone_two, rel=1e-9)
+
+
+@pytest.mark.parametrize("bad", [-0.1, float("nan"), float("inf")])
+@pytest.mark.parametrize("name", ["dispatch_delay_s", "router_decision_s"])
+def test_dispatch_delay_must_be_a_time(bad, name):
+    with pytest.raises(ConfigError, match=name):
+        RolloutConfig(**{name: bad})

@@ -9,13 +9,32 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from loom.core.errors import ConfigError
 
-__all__ = ["Engine", "EventId"]
+__all__ = ["Clock", "Engine", "EventId"]
 
 EventId = int
+
+
+class Clock(Protocol):
+    """What a simulated component (a rollout worker) needs of time: the current instant and
+    callbacks at later ones. `Engine` is one; the emulated GPU engine drives an `Engine` by the
+    wall clock (`loom.runtime.emulate.clock`), so the same component runs in both."""
+
+    @property
+    def now(self) -> float: ...
+
+    def schedule(
+        self, time: float, fn: Callable[..., Any], *args: Any, priority: int = 0
+    ) -> EventId: ...
+
+    def after(
+        self, delay: float, fn: Callable[..., Any], *args: Any, priority: int = 0
+    ) -> EventId: ...
+
+    def cancel(self, event_id: EventId) -> None: ...
 
 
 class Engine:
@@ -60,6 +79,13 @@ class Engine:
     def stop(self) -> None:
         """End the current `run` after the event in progress; pending events stay queued."""
         self._stopped = True
+
+    def next_time(self) -> float | None:
+        """Time of the next pending event (cancelled ones dropped), or None when none is."""
+        heap, cancelled = self._heap, self._cancelled
+        while heap and cancelled and heap[0][2] in cancelled:
+            cancelled.discard(heapq.heappop(heap)[2])
+        return heap[0][0] if heap else None
 
     @property
     def pending(self) -> int:

@@ -230,6 +230,7 @@ class RolloutDriver:
         self.tokenizer: LocalTokenizer | None = None
         self._tokenizer_tried = False
         self._probing: set[str] = set()  # engines whose health is being checked now
+        self._offer_again = False  # capacity changed while held turns were being placed
         self._to_predict: dict[int, Trajectory] = {}  # in a tool call, wanting a prediction
         self._predict_wanted = asyncio.Event()
         self._loop_time: Callable[[], float] = time.monotonic
@@ -413,6 +414,8 @@ class RolloutDriver:
         try:
             if not await e.client.health(self.config.engine_call_timeout_s):
                 self.engine_down(e, f"{reason}; and its health check failed")
+            else:  # it stays in: turns held while it was suspect may go there again
+                self._offer_held()
         finally:
             self._probing.discard(e.id)
 
@@ -467,11 +470,18 @@ class RolloutDriver:
             return
         current = [e for e in live if e.version == self.version]
         choice: int | None = None
+        tid = turn.traj.traj_id
+        replaced = False
         if current:
             choice = self.router.route(turn.traj, current, self.now())
             self.counts["decisions"] += 1
             if choice is None:
-                self._router_held.add(turn.traj.traj_id)
+                self._router_held.add(tid)
+            elif tid in self._router_held:
+                # NOTE: a router holds one turn per trajectory: routing this one took the
+                # trajectory's held turn out of the router's queue; those ask again below
+                self._router_held.discard(tid)
+                replaced = True
         if choice is None:
             self._hold(turn)  # no engine can take it now: it waits for capacity or weights
             return
@@ -480,6 +490,8 @@ class RolloutDriver:
             self.counts["fallbacks"] += 1
             engine = min(current, key=lambda e: (e.load, e.idx))
         self._enqueue(engine, turn)
+        if replaced:
+            self._offer_held()
 
     def _hold(self, turn: Turn) -> None:
         turn.hold(self.now())
@@ -499,29 +511,40 @@ class RolloutDriver:
                 self.router.withdraw(tid)
 
     def _offer_held(self) -> None:
-        """Capacity changed: place the held turns that now fit."""
-        if not self._held or self._offering or self._closing:
+        """Capacity changed: place the held turns that now fit. A change while they are
+        being placed (a turn ends, an engine goes) offers them again once this pass ends."""
+        if not self._held or self._closing:
             return
-        current = self.current()
-        if not current:
+        if self._offering:
+            self._offer_again = True
             return
         self._offering = True
         try:
-            by_idx = {e.idx: e for e in current}
-            again: list[Turn] = []
-            for tid, idx in self.router.drain(current, self.now()):
-                self._router_held.discard(tid)
-                q = self._held.pop(tid, None)
-                if not q:
-                    continue
-                self._enqueue(by_idx[idx], q.popleft())
-                again += q  # its other held turns ask the router again
-            for tid in [t for t in self._held if t not in self._router_held]:
-                again += self._held.pop(tid)
-            for turn in again:
-                self._place(turn)
+            for _ in range(8):  # (a pass only repeats when something changed during it)
+                self._offer_again = False
+                current = self.current()
+                if not current or not self._held:
+                    return
+                self._offer_pass(current)
+                if not self._offer_again:
+                    return
         finally:
             self._offering = False
+
+    def _offer_pass(self, current: list[EngineState]) -> None:
+        by_idx = {e.idx: e for e in current}
+        again: list[Turn] = []
+        for tid, idx in self.router.drain(current, self.now()):
+            self._router_held.discard(tid)
+            q = self._held.pop(tid, None)
+            if not q:
+                continue
+            self._enqueue(by_idx[idx], q.popleft())
+            again += q  # its other held turns ask the router again
+        for tid in [t for t in self._held if t not in self._router_held]:
+            again += self._held.pop(tid)
+        for turn in again:
+            self._place(turn)
 
     def _key(self, turn: Turn, now: float) -> Key:
         """Its rank while it waits: the client's class, aged turns first (oldest first),

@@ -38,7 +38,9 @@ async def _run(
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=5.0)
     await runner.setup()
     try:
-        await web.SockSite(runner, sock).start()
+        # NOTE: hundreds of agents connect at once at a batch's start: aiohttp's default
+        # backlog (128) refuses the rest; uvicorn's is 2048 too
+        await web.SockSite(runner, sock, backlog=2048).start()
         ready()
         await stop.wait()
     finally:

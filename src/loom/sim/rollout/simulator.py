@@ -52,10 +52,38 @@ class RolloutConfig:
         default=50.0, metadata={"help": "GB/s between nodes (400 Gb/s IB)"}
     )
     migrate_kv: bool = field(default=True, metadata={"help": "move KV caches when routers migrate"})
+    requeue_in_place: bool = field(
+        default=False,
+        metadata={
+            "help": "a preempted turn keeps its place in its worker's queue (vLLM's order); "
+            "False: it queues anew (SGLang's retraction)"
+        },
+    )
+    dispatch_delay_s: float = field(
+        default=0.0,
+        metadata={
+            "help": "seconds from a turn being ready (the batch's start, a tool's return) to "
+            "its worker's queue: a router's decision and the HTTP round trips of a served "
+            "rollout (agent to router to engine and back). 0: the policies run inside the "
+            "workers, as in the papers' simulations"
+        },
+    )
+    router_decision_s: float = field(
+        default=0.0,
+        metadata={
+            "help": "seconds a served router spends on each turn, one turn at a time (its "
+            "event loop is one thread): turns ready at once wait for each other's decisions, "
+            "as the batch's first turns do. 0: decisions take no time"
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.gpus_per_node < 1 or self.max_running < 1 or self.chunk_tokens < 1:
             raise ConfigError("gpus_per_node, max_running and chunk_tokens must be >= 1")
+        for name in ("dispatch_delay_s", "router_decision_s"):
+            value = getattr(self, name)
+            if not 0 <= value < float("inf"):
+                raise ConfigError(f"{name} must be a finite number >= 0, got {value}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -159,6 +187,7 @@ class RolloutSimulator:
         self._active = len(self.trajs)
         self._rebalance_due = False
         self._series: list[tuple[float, int]] = [(0.0, self._active)]
+        self._router_free = 0.0  # when the served router has decided every turn it holds
         self._ran = False
 
     def _build_workers(
@@ -187,6 +216,7 @@ class RolloutSimulator:
                     chunk_tokens=self.cfg.chunk_tokens,
                     decode_reserve=self.cfg.decode_reserve,
                     on_turn_done=self._turn_done,
+                    requeue_in_place=self.cfg.requeue_in_place,
                 )
             )
         return workers
@@ -196,7 +226,19 @@ class RolloutSimulator:
         if self._ran:
             raise RuntimeError("a RolloutSimulator runs once; build a new one")
         self._ran = True
+        if self.cfg.dispatch_delay_s > 0:  # the first turns reach the workers after the router
+            self.eng.after(self.cfg.dispatch_delay_s, self._start)
+        else:
+            self._start()
+        self.eng.run()
+        return self._result()
+
+    def _start(self) -> None:
         self.router.start(self.trajs, self.views)
+        if self.cfg.router_decision_s > 0:  # one first turn after another through the router
+            for t in self.trajs:
+                self.eng.after(self._router_wait(), self._enqueue, t)
+            return
         touched = set()
         for t in self.trajs:
             w = self._route(t)
@@ -204,8 +246,6 @@ class RolloutSimulator:
             touched.add(w)
         for w in sorted(touched):
             self.workers[w].poke()
-        self.eng.run()
-        return self._result()
 
     def _route(self, t: TrajState) -> int:
         w = self.router.route(t, self.views, self.eng.now)
@@ -226,7 +266,9 @@ class RolloutSimulator:
         t.tool_returned = False
         w.put_idle(t, t.context)
         assert turn.tool_latency_s is not None
-        self.eng.after(turn.tool_latency_s, self._tool_return, t, priority=0)
+        # the reply reaches the agent, the tool runs, the next turn reaches the router
+        delay = turn.tool_latency_s + self.cfg.dispatch_delay_s
+        self.eng.after(delay, self._tool_return, t, priority=0)
         self._send_ahead(t, w.idx)
         self._schedule_rebalance()
 
@@ -270,7 +312,19 @@ class RolloutSimulator:
             self._stall_since[traj_id] = self.eng.now
             self._request_migration(t, src, target)
 
+    def _router_wait(self) -> float:
+        """Seconds from now until the served router has decided a turn that reaches it now:
+        the turns before it, then its own decision."""
+        self._router_free = max(self.eng.now, self._router_free) + self.cfg.router_decision_s
+        return self._router_free - self.eng.now
+
     def _tool_return(self, t: TrajState) -> None:
+        if self.cfg.router_decision_s > 0:
+            self.eng.after(self._router_wait(), self._decided, t)
+            return
+        self._decided(t)
+
+    def _decided(self, t: TrajState) -> None:
         t.tool_returned = True
         if t.migrating_to >= 0:
             self._stall_since[t.traj_id] = self.eng.now  # wait for the KV to land

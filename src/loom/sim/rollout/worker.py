@@ -9,19 +9,23 @@ and re-plans. KV-cache capacity covers running sequences plus a prefix cache of 
 trajectories (in tool calls or preempted); running out evicts idle prefixes first, then
 preempts the running turn with the highest scheduler key. The prefix cache evicts least
 recently used first or, under a scheduler with `priority_eviction`, in the scheduler's order.
+
+Two drivers run it: the rollout simulator, on the discrete-event `Engine`, and the emulated GPU
+engine (`loom serve engine --emulate`), on an `Engine` advanced by the wall clock; the latter
+also reads progress mid-segment (`progress`) and aborts turns (`abort`).
 """
 
 from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from sortedcontainers import SortedList
 
 from loom.core.trajectory import TrajectoryStatus
-from loom.sim.engine import Engine
+from loom.sim.engine import Clock
 from loom.sim.rollout.state import TrajState
 
 if TYPE_CHECKING:
@@ -32,14 +36,16 @@ __all__ = ["Seq", "Worker"]
 
 
 class Seq:
-    """A turn admitted to a worker: `ctx` tokens resident, `prefill_left` still to prefill."""
+    """A turn admitted to a worker: `prefill_left` tokens still to prefill; `order` is its
+    place in the waiting queue it came from (ties of `key` ran in that order)."""
 
-    __slots__ = ("key", "prefill_left", "traj")
+    __slots__ = ("key", "order", "prefill_left", "traj")
 
-    def __init__(self, traj: TrajState, key: float, prefill_left: int) -> None:
+    def __init__(self, traj: TrajState, key: float, prefill_left: int, order: int = 0) -> None:
         self.traj = traj
         self.key = key
         self.prefill_left = prefill_left
+        self.order = order
 
     @property
     def decode_left(self) -> int:
@@ -59,12 +65,18 @@ class Worker:
         node: int,
         latency: LatencyModel,
         scheduler: TurnScheduler,
-        engine: Engine,
+        engine: Clock,
         max_running: int,
         chunk_tokens: int,
         decode_reserve: int,
         on_turn_done: Callable[[TrajState, Worker], None],
+        on_admit: Callable[[TrajState, int], None] | None = None,
+        requeue_in_place: bool = False,
     ) -> None:
+        """`on_admit(traj, cached_tokens)` hears every admission. `requeue_in_place`: a
+        preempted turn goes back to its place in the queue and, of running turns with equal
+        keys, the one queued last is preempted first (vLLM's (priority, arrival) order);
+        otherwise it queues anew (SGLang's retraction)."""
         self.idx, self.tp, self.node = idx, tp, node
         self.lat = latency
         self.capacity = int(latency.kv_capacity_tokens)
@@ -74,6 +86,8 @@ class Worker:
         self.chunk = chunk_tokens
         self.decode_reserve = decode_reserve
         self._on_turn_done = on_turn_done
+        self._on_admit = on_admit
+        self.requeue_in_place = requeue_in_place
         self.running: list[Seq] = []
         self.waiting: SortedList = SortedList()  # (key, seq_no, traj)
         self._queued: dict[int, tuple[float, int, TrajState]] = {}  # traj_id -> its entry
@@ -233,6 +247,41 @@ class Worker:
             gone.append(traj)
         return gone
 
+    # ---- the emulated engine's entry points ------------------------------------------------
+    def abort(self, traj: TrajState) -> bool:
+        """Take `traj`'s turn off this worker before it ends (its client went away), with the
+        progress made so far applied; the KV it computed stays as a cached prefix. False when
+        the turn is not here (it finished, perhaps in the iteration just completed)."""
+        if traj.traj_id in self._queued:
+            self.withdraw(traj)
+            traj.status = TrajectoryStatus.PENDING
+            return True
+        seq = next((s for s in self.running if s.traj is traj), None)
+        if seq is None:
+            return False
+        if self._seg is None:
+            self.eng.after(0.0, self.poke, priority=2)
+        self._halt()  # re-plans once the turn is gone
+        if seq not in self.running:  # it finished with the iteration in flight
+            return False
+        self.running.remove(seq)
+        tokens = traj.full_context() - seq.prefill_left
+        self.used -= tokens
+        traj.status = TrajectoryStatus.PENDING
+        self.put_idle(traj, tokens)
+        return True
+
+    def progress(self) -> Iterator[tuple[TrajState, int]]:
+        """Each running turn with its output tokens done by now: the segment in flight
+        counted by the iterations it has completed. A read: nothing changes."""
+        seg, now = self._seg, self.eng.now
+        extra = 0
+        if seg is not None and now > seg[0]:
+            start, dt, k, _ = seg
+            extra = min(k, int((now - start) / dt))
+        for s in self.running:
+            yield s.traj, s.traj.turn_generated + (extra if s.prefill_left == 0 else 0)
+
     def _halt(self) -> None:
         """Stop the rollout segment in flight, its progress applied (the iteration in flight
         counted as done), and re-plan once the caller's change is made."""
@@ -254,10 +303,12 @@ class Worker:
         s.traj.status = TrajectoryStatus.PENDING
 
     # ---- internals ---------------------------------------------------------------------
-    def _push_waiting(self, traj: TrajState) -> None:
+    def _push_waiting(self, traj: TrajState, order: int | None = None) -> None:
         assert traj.traj_id not in self._queued, f"worker {self.idx}: {traj.traj_id} queued twice"
-        self._wseq += 1
-        entry = (self.sched.key(traj, self.eng.now), self._wseq, traj)
+        if order is None:
+            self._wseq += 1
+            order = self._wseq
+        entry = (self.sched.key(traj, self.eng.now), order, traj)
         self.waiting.add(entry)
         self._queued[traj.traj_id] = entry
 
@@ -329,7 +380,7 @@ class Worker:
 
     def _admit_waiting(self) -> None:
         while self.waiting:
-            key, _, traj = self.waiting[0]
+            key, order, traj = self.waiting[0]
             cached = self.idle.get(traj.traj_id, 0)
             need = traj.full_context() - cached
             if len(self.running) >= self.max_running:
@@ -355,7 +406,9 @@ class Worker:
             traj.queue_delay_s += self.eng.now - traj.turn_arrival_s
             traj.status = TrajectoryStatus.RUNNING
             traj.host = self.idx
-            self.running.append(Seq(traj, key, need))
+            self.running.append(Seq(traj, key, need, order))
+            if self._on_admit is not None:
+                self._on_admit(traj, cached)
 
     def _preempt_for(self, traj: TrajState, key: float, need: int) -> bool:
         """Algorithm 1, lines 6-10: if `key` outranks the lowest-priority running turn, evict
@@ -367,7 +420,7 @@ class Worker:
         outranks would not make room for it: that would recompute them for nothing."""
         if not self.sched.preemptive or not self.running:
             return False
-        victim = max(self.running, key=lambda s: s.key)
+        victim = self._worst()
         if not self.sched.outranks(key, victim.key) or not self._fits_by_preempting(
             traj, key, need
         ):
@@ -396,7 +449,14 @@ class Worker:
         victim.traj.turn_arrival_s = self.eng.now
         victim.traj.status = TrajectoryStatus.QUEUED
         victim.traj.queued_on = self.idx
-        self._push_waiting(victim.traj)
+        self._push_waiting(victim.traj, victim.order if self.requeue_in_place else None)
+
+    def _worst(self) -> Seq:
+        """The running turn to preempt first: the highest key; of equal keys, under
+        `requeue_in_place` the one queued last, else the one admitted first."""
+        if self.requeue_in_place:
+            return max(self.running, key=lambda s: (s.key, s.order))
+        return max(self.running, key=lambda s: s.key)
 
     def _plan(self, start: float) -> None:
         while self.running:
@@ -407,7 +467,7 @@ class Worker:
                 self._seg = (start, dt, k, ev)
                 return
             # No room to grow: free idle prefixes, else preempt or stall the worst turn.
-            victim = max(self.running, key=lambda s: s.key)
+            victim = self._worst()
             assert len(self.running) > 1, f"worker {self.idx}: one turn exceeds KV capacity"
             self._preempt(victim)
         self._seg = None
