@@ -14,6 +14,17 @@ generator. Each run alternates direct and routed rounds so that drift hits both 
 
 Run: python benchmarks/bench_rollout_router.py [--requests 2000] [--prompt text|ids]
      [--json out.json]
+
+`--continuous` measures something else: scheduling under continuous load (issue 28 §1).
+Trajectories of 3-6 turns keep arriving for two minutes (400 by default) at two stand-in
+engines that each run a few requests at once and charge a prefill per uncached token;
+output lengths are long-tailed, tool calls take 0.5-3 s. Loom's router runs heddle+pps and
+fcfs (least-load placement) over the same arrivals, interleaved, and prints side by side
+the p50/p99 turn latency, the share of turns over a minute, the longest wait in the router,
+preemptions per turn, tokens prefilled again (by why) and throughput.
+
+Run: python benchmarks/bench_rollout_router.py --continuous [--trajectories 400]
+     [--duration-s 120] [--json out.json]
 """
 
 from __future__ import annotations
@@ -58,11 +69,13 @@ def _wait(url: str, path: str, timeout_s: float = 60.0) -> None:
 
 
 @contextmanager
-def _process(cmd: list[str], url: str, ready: str) -> Iterator[subprocess.Popen[bytes]]:
+def _process(
+    cmd: list[str], url: str, ready: str, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
     # Output to a file, not /dev/null: sglang-router 0.3 never starts serving with its output
     # on /dev/null (observed here); the file's tail also says why a server did not come up.
     with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
             try:
                 _wait(url, ready)
@@ -225,6 +238,163 @@ def _ratios(rows: list[dict[str, Any]]) -> None:
     )
 
 
+# ---- continuous load (--continuous) ----------------------------------------------------------
+
+CONTINUOUS_SYSTEMS = {  # name: (placement, scheduler)
+    "heddle+pps": ("heddle", "pps"),
+    "fcfs": ("least_load", "fcfs"),
+}
+
+
+def _trajectories(n: int, duration_s: float, seed: int) -> list[dict[str, Any]]:
+    """`n` trajectories arriving uniformly over `duration_s`: 3-6 turns each, a 200-token
+    prompt, tool outputs of 20-200 tokens, long-tailed outputs (lognormal, median 60
+    tokens, capped at 1,000), tool calls of 0.5-3 s."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        turns = int(rng.integers(3, 7))
+        out.append(
+            {
+                "id": f"c{seed}-{i}",
+                "arrival_s": float(rng.uniform(0, duration_s)),
+                "prompt": [int(x) for x in rng.integers(3, 30000, 200)],
+                "outputs": [int(min(1000, max(4, rng.lognormal(np.log(60), 1.0))))
+                            for _ in range(turns)],
+                "tools": [[int(x) for x in rng.integers(3, 30000, int(rng.integers(20, 201)))]
+                          for _ in range(turns - 1)],
+                "tool_s": [float(rng.uniform(0.5, 3.0)) for _ in range(turns - 1)],
+            }
+        )  # fmt: skip
+    return out
+
+
+@contextmanager
+def continuous_router(
+    engines: list[str], placement: str, scheduler: str, profile: str, path: str | None = None
+) -> Iterator[str]:
+    """Loom's router in a process of its own; `path`: the source tree it runs from (another
+    checkout's `src`, to compare with an earlier router)."""
+    port = _free_port()
+    cmd = [
+        sys.executable, "-m", "loom.cli", "serve", "rollout", "--port", str(port),
+        "--placement", placement, "--scheduler", scheduler, "--profile", profile,
+        "--tokenizer", "engine",
+    ]  # fmt: skip
+    for e in engines:
+        cmd += ["--engine", e]
+    url = f"http://127.0.0.1:{port}"
+    with _process(cmd, url, "/health", {**os.environ, "PYTHONPATH": path} if path else None):
+        yield url
+
+
+async def _run_trajectories(url: str, trajs: list[dict[str, Any]]) -> dict[str, Any]:
+    latencies: list[float] = []
+    tokens = 0
+    failed = 0
+    t0 = time.monotonic()
+    conn = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(
+        connector=conn, timeout=aiohttp.ClientTimeout(total=None)
+    ) as http:
+
+        async def one(traj: dict[str, Any]) -> None:
+            nonlocal tokens, failed
+            await asyncio.sleep(max(0.0, t0 + traj["arrival_s"] - time.monotonic()))
+            context = list(traj["prompt"])
+            for k, n in enumerate(traj["outputs"]):
+                body = {
+                    "input_ids": context,
+                    "sampling_params": {"max_new_tokens": n, "ignore_eos": True},
+                }
+                start = time.monotonic()
+                async with http.post(
+                    url + "/generate", json=body, headers={"X-Trajectory-Id": traj["id"]}
+                ) as resp:
+                    data = await resp.json()
+                latencies.append(time.monotonic() - start)
+                if resp.status != 200:
+                    failed += 1
+                    break
+                out = data["output_ids"]
+                tokens += len(out)
+                context += out
+                if k < len(traj["tools"]):
+                    await asyncio.sleep(traj["tool_s"][k])
+                    context += traj["tools"][k]
+            async with http.post(f"{url}/v1/trajectories/{traj['id']}/end") as resp:
+                await resp.read()
+
+        await asyncio.gather(*(one(t) for t in trajs))
+        async with http.get(url + "/v1/stats") as resp:
+            stats = await resp.json()
+    makespan = time.monotonic() - t0
+    turns = len(latencies)
+    return {
+        "turns": turns,
+        "failed": failed,
+        "p50_s": _pct(latencies, 0.5),
+        "p99_s": _pct(latencies, 0.99),
+        "over_60s_pct": 100 * sum(x > 60 for x in latencies) / max(1, turns),
+        # NOTE: read with defaults, so that a router from before issue 28 runs it too
+        "longest_wait_s": stats["timing"].get("longest_wait_s", float("nan")),
+        "preemptions_per_turn": stats["policy"]["preemptions"] / max(1, turns),
+        "late_bindings": stats["policy"].get("late_bindings", 0),
+        "aged": stats["policy"].get("aged", 0),
+        "migrations": stats["policy"]["migrations"],
+        "reprefill_tokens": stats.get("reprefill_tokens", {}),
+        "tokens_per_s": tokens / makespan,
+        "makespan_s": makespan,
+    }
+
+
+def continuous(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from loom.runtime.rollout.standin import write_standin_profile
+
+    step_s, prefill_s = args.step_ms / 1000, args.prefill_us_per_token / 1e6
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        profile = os.path.join(tmp, "standin.csv")
+        write_standin_profile(profile, step_s, prefill_s)
+        flags = [
+            "--step-ms", str(args.step_ms), "--max-running", str(args.engine_running),
+            "--prefill-us-per-token", str(args.prefill_us_per_token), "--priority",
+        ]  # fmt: skip
+        for rep in range(args.repeats):
+            trajs = _trajectories(args.trajectories, args.duration_s, args.seed + rep)
+            for name, (placement, scheduler) in CONTINUOUS_SYSTEMS.items():
+                # fresh engines per run: no prefix cache or queue carried over
+                with (
+                    StandinProcess(*flags) as e0,
+                    StandinProcess(*flags) as e1,
+                    continuous_router(
+                        [e0.url, e1.url], placement, scheduler, profile, args.router_path
+                    ) as url,
+                ):
+                    row = {"system": name, "repeat": rep}
+                    row |= asyncio.run(_run_trajectories(url, trajs))
+                rows.append(row)
+                again = ", ".join(f"{k} {v}" for k, v in row["reprefill_tokens"].items() if v)
+                print(
+                    f"{name:>10} run {rep}: p50 {row['p50_s']:5.2f} s, p99 {row['p99_s']:6.2f} s, "
+                    f"over 60 s {row['over_60s_pct']:.2f}%, longest wait "
+                    f"{row['longest_wait_s']:6.2f} s, preemptions/turn "
+                    f"{row['preemptions_per_turn']:.3f}, {row['tokens_per_s']:6.0f} tokens/s, "
+                    f"makespan {row['makespan_s']:.0f} s, turns {row['turns']} "
+                    f"(failed {row['failed']}), late bindings {row['late_bindings']}, aged "
+                    f"{row['aged']}, prefilled again: {again or 'none'}",
+                    flush=True,
+                )
+    by = {name: [r for r in rows if r["system"] == name] for name in CONTINUOUS_SYSTEMS}
+    fcfs = by["fcfs"]
+    for name, rs in by.items():
+        ratio = sum(r["tokens_per_s"] for r in rs) / sum(r["tokens_per_s"] for r in fcfs)
+        print(f"{name:>10}: throughput {ratio:.2f}x fcfs's")
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--requests", type=int, default=2000, help="routed requests per setting")
@@ -232,7 +402,23 @@ def main() -> None:
     ap.add_argument("--step-ms", type=float, default=0.1)
     ap.add_argument("--prompt", choices=sorted(PROMPTS), default="text")
     ap.add_argument("--json", default=None, help="write the rows here too")
+    ap.add_argument("--continuous", action="store_true", help="scheduling under load instead")
+    ap.add_argument("--trajectories", type=int, default=400)
+    ap.add_argument("--duration-s", type=float, default=120.0, help="arrivals spread over")
+    ap.add_argument("--engine-running", type=int, default=8, help="continuous: each engine")
+    ap.add_argument("--prefill-us-per-token", type=float, default=20.0, help="continuous")
+    ap.add_argument("--repeats", type=int, default=1, help="continuous: interleaved runs")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--router-path", default=None, help="continuous: the router's source tree")
     args = ap.parse_args()
+    if args.continuous:
+        if args.step_ms == ap.get_default("step_ms"):
+            args.step_ms = 10.0
+        rows = continuous(args)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(rows, f, indent=1)
+        return
     tokenizer = None
     if args.prompt == "text":
         from loom.runtime.engine.model import TinyModelSpec, build_tiny_model

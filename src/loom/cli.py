@@ -362,7 +362,7 @@ def serve_rollout(
         typer.Option(
             "--engine",
             help="an inference engine: URL[,tp=N][,max_running=N][,kind=vllm|sglang]"
-            "[,priority][,id=NAME]; repeat for more",
+            "[,priority=false][,id=NAME]; repeat for more",
         ),
     ] = None,
     placement: Annotated[
@@ -382,7 +382,12 @@ def serve_rollout(
         typer.Option("--state-dir", help="keeps the trajectory history the predictor learns from"),
     ] = None,
     max_running: Annotated[
-        int | None, typer.Option("--max-running", help="turns in flight per engine (default 64)")
+        int | None,
+        typer.Option(
+            "--max-running",
+            help="most turns in flight per engine (default: as many as each runs at once by "
+            "what it reports)",
+        ),
     ] = None,
     tp: Annotated[
         int | None, typer.Option("--tp", help="tensor-parallel degree of every engine")
@@ -697,8 +702,13 @@ def serve_engine(
         ),
     ] = 50.0,
     priority: Annotated[
-        bool, typer.Option("--priority", help="schedule by the requests' `priority` field")
-    ] = False,
+        bool,
+        typer.Option(
+            "--priority/--no-priority",
+            help="schedule by the requests' `priority` field (vLLM --scheduling-policy "
+            "priority; the router passes its scheduler's key there)",
+        ),
+    ] = True,
     memory: Annotated[
         float,
         typer.Option("--gpu-memory-utilization", help="share of host memory vLLM reserves"),

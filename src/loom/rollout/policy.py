@@ -8,7 +8,7 @@ plain objects: no I/O, no clock; the simulator and the runtime both call them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
@@ -83,7 +83,16 @@ class TurnScheduler(Protocol):
 class Router:
     """Places trajectories on workers. A base class: every hook but `route` has a no-op
     default, so a driver calls each hook on every router (no `isinstance` checks) and a
-    placement overrides only the hooks it needs."""
+    placement overrides only the hooks it needs.
+
+    `move_pays`, where a driver injects it, says whether moving a trajectory from one worker
+    to another (by index) pays for prefilling its context there: a router that moves
+    trajectories (`migrate`) asks it first. `central_queue`: the router holds turns itself
+    (`route` returns None, `drain` places them), so the driver moves no waiting turn between
+    workers of its own accord."""
+
+    move_pays: Callable[[TrajectoryView, int, int], bool] | None = None
+    central_queue: bool = False
 
     def start(self, trajs: Sequence[TrajectoryView], workers: Sequence[WorkerView]) -> None:
         """Called before the first turn with every trajectory of a batch. The simulator calls it

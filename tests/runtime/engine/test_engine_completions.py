@@ -108,8 +108,6 @@ def test_bad_requests_are_400(
     assert message in resp.json()["error"]["message"]
 
 
-def test_priority_is_ignored_without_priority_scheduling(
-    engine: EngineProcess, http: httpx.Client
-) -> None:
+def test_a_request_priority_is_accepted(engine: EngineProcess, http: httpx.Client) -> None:
     body = completion(http, engine.url, prompt=PROMPT, max_tokens=2, priority=5)
     assert body["choices"][0]["finish_reason"] == "length"

@@ -61,7 +61,8 @@ def test_command_line_carries_the_flags(tmp_path: Path) -> None:
         "--enforce-eager",
     ):
         assert part in joined
-    assert "--scheduling-policy" not in EngineConfig().command(Path("/m"), 1)
+    assert "--scheduling-policy priority" in " ".join(EngineConfig().command(Path("/m"), 1))
+    assert "--scheduling-policy" not in EngineConfig(priority=False).command(Path("/m"), 1)
     assert cfg.environment()["VLLM_SERVER_DEV_MODE"] == "1"
     assert EngineConfig(cpus="1").environment()["VLLM_CPU_OMP_THREADS_BIND"] == "1"
     assert cfg.cache_dir == tmp_path / "engine-model"
@@ -108,7 +109,7 @@ def test_cli_serve_engine_checks_its_flags(monkeypatch: pytest.MonkeyPatch) -> N
     assert bad.exit_code == 2 and "max_running" in bad.output
     bad = runner.invoke(app, ["serve", "engine", "--cpus", "one"])
     assert bad.exit_code == 2 and "cpus" in bad.output
-    assert "--priority" in runner.invoke(app, ["serve", "engine", "--help"]).output
+    assert "--no-priority" in runner.invoke(app, ["serve", "engine", "--help"]).output
     monkeypatch.setattr(launcher, "engine_available", lambda: False)
     missing = runner.invoke(app, ["serve", "engine"])
     assert missing.exit_code == 1 and INSTALL_HINT in missing.output

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from loom.runtime.rollout import BackgroundRouter, EngineConfig, RolloutServerConfig
-from loom.runtime.rollout.standin import StandinProcess
+from loom.runtime.rollout.standin import StandinProcess, write_standin_profile
 
 
 class Standin(StandinProcess):
@@ -52,9 +52,11 @@ class Rig:
 
 
 @pytest.fixture
-def rig() -> Iterator[Callable[..., Rig]]:
-    """`rig(n_engines, **router settings, step_ms=, engine_running=)`: stand-in engines
-    and a router in front of them; everything stops on teardown."""
+def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Rig]]:
+    """`rig(n_engines, **router settings, step_ms=, engine_running=, profile=)`: stand-in
+    engines and a router in front of them; everything stops on teardown. `profile`: the
+    router's cost model is the stand-ins' own (`write_standin_profile`: a step of `step_ms`,
+    prefill free), not the default roofline of a 14B model on an H100."""
     made: list[Rig] = []
     spare: list[Standin] = []
 
@@ -62,11 +64,17 @@ def rig() -> Iterator[Callable[..., Rig]]:
         n: int = 2,
         *,
         step_ms: float = 2.0,
-        max_running: int = 4,
+        max_running: int | None = 4,
+        engine_running: int = 64,
         engine_args: tuple[str, ...] = (),
+        profile: bool = False,
         **settings: Any,
     ) -> Rig:
-        engines = [start_standin(step_ms, 64, *engine_args) for _ in range(n)]
+        if profile:
+            path = tmp_path_factory.mktemp("profile") / "standin.csv"
+            write_standin_profile(path, step_ms / 1000)
+            settings["profiles"] = (path,)
+        engines = [start_standin(step_ms, engine_running, *engine_args) for _ in range(n)]
         spare.extend(engines)
         cfg = RolloutServerConfig(
             port=0,

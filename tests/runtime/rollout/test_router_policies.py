@@ -14,7 +14,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import httpx
 import pytest
 from conftest import Rig
 
@@ -105,6 +104,9 @@ def test_preemption_aborts_the_lowest_priority_turn_and_resumes_it_exactly(rig) 
     assert attempts[0]["rid"] in r.engines[0].get("/debug/stats")["aborted"]
     stats = r.stats()
     assert stats["policy"]["preemptions"] == 1 and stats["engines"]["e0"]["preempted"] == 1
+    # the resumed attempt prefilled again all the evicted turn had computed
+    assert stats["reprefill_tokens"]["preemption"] == len(attempts[1]["input_ids"])
+    assert stats["reprefill_tokens"]["placement"] == 0  # its second turn found its prefix
     for key in ("long", "fresh"):
         r.http.post(f"/v1/trajectories/{key}/end")
 
@@ -229,21 +231,31 @@ def test_draining_an_engine_moves_its_queue_and_finishes_its_running_turns(rig) 
         r.http.post(f"/v1/trajectories/{k}/end")
 
 
-def test_the_engine_gets_the_scheduler_key_as_priority_when_it_schedules_by_priority(rig) -> None:
-    r: Rig = rig(1)
-    r.router.stop()
-    cfg = RolloutServerConfig(
-        port=0, engines=(EngineConfig(url=r.engines[0].url, priority=True),), scheduler="fcfs"
-    )
-    with BackgroundRouter(cfg) as router, httpx.Client(base_url=router.url) as http:
-        for _ in range(2):
-            http.post(
-                "/generate", json={"input_ids": [1], "sampling_params": {"max_new_tokens": 2}}
-            )
+@pytest.mark.parametrize("low_first", [False, True])
+def test_the_engine_gets_the_scheduler_key_as_priority_when_it_schedules_by_priority(
+    rig, low_first
+) -> None:
+    """A stand-in that says it schedules by priority (SGLang's server info) gets the fcfs key
+    as each request's `priority`, in its own sign convention: SGLang runs higher values
+    first unless started with --schedule-low-priority-values-first."""
+    flags = ("--priority", "--low-priority-first") if low_first else ("--priority",)
+    r: Rig = rig(1, engine_args=flags, scheduler="fcfs")
+    for i in range(3):
+        assert r.gen(f"p{i}", 2).status_code == 200
     prios = [q["priority"] for q in r.engines[0].get("/debug/requests")]
-    assert all(isinstance(p, int) for p in prios) and prios == sorted(prios)
-    r.router = BackgroundRouter(RolloutServerConfig(port=0))  # teardown stops a fresh one
-    r.router.start()
+    assert len(prios) == 3 and all(isinstance(p, int) for p in prios)
+    assert prios == (sorted(prios) if low_first else sorted(prios, reverse=True))
+    assert len(set(prios)) == 3
+    for i in range(3):
+        r.http.post(f"/v1/trajectories/p{i}/end")
+
+
+def test_an_engine_that_does_not_schedule_by_priority_gets_none(rig) -> None:
+    r: Rig = rig(1)
+    assert r.gen("np", 2).status_code == 200
+    assert [q["priority"] for q in r.engines[0].get("/debug/requests")] == [None]
+    assert r.stats()["engines"]["e0"]["priority"] is False
+    r.http.post("/v1/trajectories/np/end")
 
 
 def _decisions(rig) -> tuple[dict[str, str], list[int]]:

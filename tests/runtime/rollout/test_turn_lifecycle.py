@@ -50,9 +50,9 @@ def _turn() -> Turn:
 
 def _go(turn: Turn, target: TurnState) -> None:
     if target is TurnState.HELD:
-        turn.hold()
+        turn.hold(0.5)
     elif target is TurnState.QUEUED:
-        turn.queue(object(), (0, 0.0))  # type: ignore[arg-type]
+        turn.queue(object(), (0, 1, 0.0), 0.5)  # type: ignore[arg-type]
     elif target is TurnState.RUNNING:
         turn.run(1.0)
     elif target is TurnState.FINISHED:
@@ -83,7 +83,7 @@ def test_only_a_running_attempt_is_interrupted_and_ended_is_a_comparison() -> No
     turn = _turn()
     with pytest.raises(TurnStateError, match="interrupt"):
         turn.interrupt()
-    turn.queue(object(), (0, 0.0))  # type: ignore[arg-type]
+    turn.queue(object(), (0, 1, 0.0), 0.0)  # type: ignore[arg-type]
     turn.run(0.0)
     rid = turn.interrupt()
     assert rid.endswith(f"-0-{turn.seq}") and turn.rid().endswith(f"-1-{turn.seq}")

@@ -170,8 +170,11 @@ class HeddleRouter(Router):
         if not self.migrate_enabled:
             return None
         target = self._target(t.traj_id)
-        if target == self._home[t.traj_id]:
+        home = self._home[t.traj_id]
+        if target == home:
             return None
+        if self.move_pays is not None and not self.move_pays(t, home, target):
+            return None  # it stays: the move would not pay for prefilling its context there
         self._home[t.traj_id] = target
         return target
 

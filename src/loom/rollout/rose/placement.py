@@ -95,6 +95,8 @@ class _View:
 class RosePlacement(Router):
     """`Router` over `ElasticRouter`; `route` may hold a turn (None) until `drain` places it."""
 
+    central_queue = True
+
     def __init__(
         self,
         kind: RoutingKind = RoutingKind.ROSE,

@@ -78,7 +78,7 @@ class EngineConfig:
         default=16, metadata={"help": "most requests decoding at once (--max-num-seqs)"}
     )
     priority: bool = field(
-        default=False,
+        default=True,
         metadata={"help": "schedule by the request's `priority` (--scheduling-policy priority)"},
     )
     gpu_memory_utilization: float = field(

@@ -42,13 +42,20 @@ class EngineConfig(_Settings):
     id: EngineId | None = Field(default=None, description="name in stats; default e0, e1, ...")
     kind: EngineKind = EngineKind.AUTO
     tp: int = Field(default=1, ge=1, le=1024, description="tensor-parallel degree (GPUs)")
-    max_running: int = Field(
-        default=64, ge=1, le=65536, description="turns the router keeps in flight at it"
+    max_running: int | None = Field(
+        default=None,
+        ge=1,
+        le=65536,
+        description="most turns the router keeps in flight at it; None: as many as it runs "
+        "at once by what it says (the limit it states, its load reports: running and waiting "
+        "requests, KV-cache use)",
     )
     priority: bool = Field(
-        default=False,
-        description="the engine schedules by request priority (vLLM --scheduling-policy "
-        "priority, SGLang priority scheduling): pass the scheduler's key through",
+        default=True,
+        description="pass the scheduler's key as each request's priority, for an engine that "
+        "schedules by it (vLLM --scheduling-policy priority, SGLang "
+        "--enable-priority-scheduling; `loom serve engine` does); an SGLang engine that says "
+        "it does not, and an engine that refuses the field, get none",
     )
     node: int = Field(default=0, ge=0, description="node it runs on (for migration costs)")
     lent: bool = Field(
@@ -152,6 +159,26 @@ class RolloutServerConfig(_Settings, Access):
         description="rose placement: a lent engine holds a trajectory's prefix this long "
         "after its turn ended (ROSE §4.1)",
     )
+    max_wait_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="a turn that has waited in the router this long (all its waits "
+        "together) runs next, before every turn of its priority class that has not: the "
+        "scheduler's order holds within this bound",
+    )
+    max_preemptions: int = Field(
+        default=1, ge=0, description="times one turn may be preempted (0: never)"
+    )
+    load_interval_s: float = Field(
+        default=0.5, gt=0, description="how often the router asks each engine for its load"
+    )
+    kv_full: float = Field(
+        default=0.95,
+        gt=0,
+        le=1,
+        description="an engine that reports its KV cache this full takes no more turns than "
+        "it runs until it reports less",
+    )
     lent_stall_timeout_s: float = Field(
         default=2.0,
         gt=0,
@@ -170,7 +197,7 @@ def load_config(path: Path) -> RolloutServerConfig:
 
 
 def parse_engine(spec: str, defaults: dict[str, Any] | None = None) -> dict[str, Any]:
-    """`URL[,tp=N][,max_running=N][,kind=K][,priority][,lent][,id=NAME][,node=N][,version=N]`
+    """`URL[,tp=N][,max_running=N][,kind=K][,priority=false][,lent][,id=NAME][,node=N][,version=N]`
     as the settings of one engine; `defaults` fill what the spec leaves out (None: the
     model's default)."""
     url, *opts = (part.strip() for part in spec.split(","))
@@ -189,7 +216,7 @@ def parse_engine(spec: str, defaults: dict[str, Any] | None = None) -> dict[str,
         else:
             raise ConfigError(
                 f"engine {spec!r}: unknown option {opt!r} "
-                "(tp=N, max_running=N, kind=vllm|sglang, priority, lent, id=NAME, node=N, "
+                "(tp=N, max_running=N, kind=vllm|sglang, priority[=false], lent, id=NAME, node=N, "
                 "version=N)"
             )
     try:

@@ -1,12 +1,20 @@
 """The rollout router's asyncio driver: it owns the policy objects the simulator runs (a
 `TurnScheduler`, a `Router`, the progressive predictor) and drives them over real engines.
 
-Admission is the router's: each engine runs at most `max_running` turns from it, and the
-rest wait in that engine's queue, ordered by the client's priority class and then the
-scheduler's key. A preemptive scheduler (PPS) follows Algorithm 1: a turn that outranks the
-lowest-priority running turn of a full engine evicts it (the engine aborts that request; its
-tokens so far are kept) and is promoted at once; the evicted turn waits and later resumes
-with prompt + generated tokens, asking only for the tokens still missing. The same resume
+Admission: engines schedule, the router places. A turn is forwarded at once while its engine
+has room by what the engine says of itself (`admission.Capacity`: the cap configured, the
+limit it states, its load reports), with the scheduler's key as the request's `priority`.
+Only a turn the engine would queue anyway waits in the router, in that engine's queue,
+ordered by the client's priority class, then by whether it has waited `max_wait_s` (aged: it
+runs next, oldest first), then by the scheduler's key; and any engine that frees a slot with
+nothing of its own waiting takes the best turn waiting elsewhere (late binding) where that
+pays for prefilling its context there. A preemptive scheduler (PPS) follows Algorithm 1: a
+turn that outranks the lowest-priority running turn of a full engine evicts it (the engine
+aborts that request; its tokens so far are kept) and is promoted at once, but only where
+the wait it saves exceeds the victim's prefill again (the engine's latency model) and the
+victim has been preempted fewer than `max_preemptions` times; the evicted turn waits and
+later resumes with prompt + generated tokens, asking only for the tokens still missing.
+Tokens prefilled again are counted by why (`reprefill_tokens` in `/v1/stats`). The same resume
 carries a turn across a failed or stalled engine to another one, so accepted work is never
 lost while one engine lives. An engine's own deliberate abort, and `abort`, end a turn with
 what it generated, marked abort.
@@ -48,9 +56,11 @@ from loom.core.errors import (
     http_status,
 )
 from loom.core.trajectory import TrajectorySpec
+from loom.perf.latency import LatencyModel
 from loom.rollout.heddle.planner import DegreeCostModel, decode_context
 from loom.rollout.heddle.router import HeddleRouter
 from loom.rollout.policy import ROUTERS, SCHEDULERS, PlacementKind, Router, TurnScheduler
+from loom.runtime.rollout.admission import engine_priority, slot_wait_s
 from loom.runtime.rollout.config import EngineConfig, EngineKind, RolloutServerConfig
 from loom.runtime.rollout.engines import (
     Delta,
@@ -65,7 +75,7 @@ from loom.runtime.rollout.prediction import OnlinePredictor, pending_spec
 from loom.runtime.rollout.registry import ClientFactory, EngineRegistry, UnknownEngine
 from loom.runtime.rollout.state import EngineState, Trajectory, TurnRecord
 from loom.runtime.rollout.tokenizer import LocalTokenizer, load_tokenizer
-from loom.runtime.rollout.turn import Turn, TurnRequest, TurnState
+from loom.runtime.rollout.turn import Key, Turn, TurnRequest, TurnState
 
 __all__ = [
     "BatchEntry",
@@ -79,7 +89,8 @@ __all__ = [
 log = logging.getLogger("loom.rollout")
 
 MAX_ATTEMPTS = 8  # failovers before a turn is given up as failed
-_PRIORITY_BOUND = 2**62
+LATE_LOOK = 8  # waiting turns of each other engine a free engine considers (best first)
+REPREFILL_REASONS = ("placement", "migration", "late_binding", "preemption", "failover")
 ABORTED_BY_REQUEST = "aborted by request"
 
 
@@ -111,7 +122,7 @@ def default_cost(
     beyond the engines' `max_running` turns queue. The typical resident context is the
     history's (`decode_context`); with none, 8k tokens is assumed."""
     context = decode_context(history) if history else 8192
-    running = min((e.max_running for e in config.engines), default=64)
+    running = min((e.max_running for e in config.engines if e.max_running), default=64)
     if config.profiles:
         from loom.runtime.rollout.cost import ProfiledDegreeCost
 
@@ -131,6 +142,37 @@ def default_cost(
         max_group=4096,
         max_running=running,
     )
+
+
+def latency_models(config: RolloutServerConfig) -> Callable[[int], LatencyModel | None]:
+    """The engines' latency model by tensor-parallel degree, what a prefill again costs: the
+    profile of that degree where `profiles` are given, else the roofline model of `model`
+    on `gpu` (None where neither fits the degree)."""
+    from loom.perf.latency import ProfiledLatencyModel, RooflineLatencyModel
+
+    profiled: dict[int, LatencyModel] = {}
+    for path in config.profiles:
+        try:
+            lat = ProfiledLatencyModel.load(path)
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot read engine profile {exc.filename}: {exc.strerror}"
+            ) from None
+        profiled[lat.tp] = lat
+    cache: dict[int, LatencyModel | None] = {}
+
+    def model(tp: int) -> LatencyModel | None:
+        if tp not in cache:
+            if profiled:
+                cache[tp] = profiled.get(tp)
+            else:
+                try:
+                    cache[tp] = RooflineLatencyModel(config.gpu, config.model, tp)
+                except ConfigError:
+                    cache[tp] = None
+        return cache[tp]
+
+    return model
 
 
 def make_router(
@@ -165,6 +207,8 @@ class RolloutDriver:
         self.scheduler: TurnScheduler = scheduler or SCHEDULERS.get(config.scheduler)()
         self.predictor = OnlinePredictor(config.state_dir, config.history_limit)
         self.router: Router = router or make_router(config, history=self.predictor.history)
+        self.router.move_pays = self._move_pays
+        self._latency = latency_models(config)
         self.clock = clock
         self._t0 = clock()
         self.trajectories: dict[str, Trajectory] = {}
@@ -204,9 +248,18 @@ class RolloutDriver:
             "aborted": 0,  # turns ended by an abort (the client's or the engine's)
             "abandoned": 0,  # turns whose client went away
             "engine_tokenized": 0,  # text prompts tokenized by an engine (no local tokenizer)
+            "late_bindings": 0,  # waiting turns a freed engine took from another's queue
+            "aged": 0,  # turns that waited `max_wait_s` and so ran next
+            "preemptions_declined": 0,  # outranked, but not worth a prefill again (or capped)
+            "migrations_declined": 0,  # placed elsewhere, but not worth a prefill again
+            "priority_refused": 0,  # engines that refused the `priority` field
         }
+        # tokens an engine had computed that a turn's attempt prefills again, by why it went
+        # where it went (as the router predicts them: an engine's prefix cache may keep some)
+        self.reprefill = dict.fromkeys(REPREFILL_REASONS, 0)
         # summed over finished turns: router queueing, time to first token, decoding
         self.timing = {"turns": 0, "queue_s": 0.0, "first_token_s": 0.0, "decode_s": 0.0}
+        self.timing["longest_wait_s"] = 0.0  # the most one turn waited in the router
         self._session: aiohttp.ClientSession | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._fitting = False
@@ -233,6 +286,8 @@ class RolloutDriver:
             raise
         self._loop_time = asyncio.get_running_loop().time
         self._spawn(self.registry.health_loop(self))
+        self._spawn(self.registry.load_loop(self))
+        self._spawn(self._age_loop())
         self._spawn(self._idle_loop())
         self._spawn(self._watchdog())
         self._spawn(self._predict_loop())
@@ -368,6 +423,11 @@ class RolloutDriver:
         if self.registry.mark_up(e):
             self._workers_changed()
 
+    def engine_load(self, e: EngineState) -> None:
+        """`e` reported its load (its `capacity` has taken it in): fill the room it has."""
+        if not self._closing:
+            self._pump(e)
+
     def set_weights(self, version: int, engines: Sequence[str] = ()) -> list[str]:
         """Weights of `version` are current; `engines` serve them already (others report
         theirs with `report` when they have loaded them). Turns waiting at an engine behind
@@ -434,7 +494,7 @@ class RolloutDriver:
             self._offer_held()
 
     def _hold(self, turn: Turn) -> None:
-        turn.hold()
+        turn.hold(self.now())
         self._held.setdefault(turn.traj.traj_id, deque()).append(turn)
         self.counts["held"] += 1
 
@@ -486,35 +546,186 @@ class RolloutDriver:
         for turn in again:
             self._place(turn)
 
-    def _enqueue(self, e: EngineState, turn: Turn) -> None:
-        turn.queue(e, (turn.request.priority, self.scheduler.key(turn.traj, self.now())))
-        e.waiting.add(turn)
-        if not e.has_slot() and self.scheduler.preemptive and e.running:
-            victim = max(e.running.values(), key=lambda r: (r.key, r.seq))
-            head = e.waiting[0]
-            if self._outranks(head.key, victim.key):
-                # Algorithm 1, lines 6-10: evict r_min, move it to Q, promote Q.top.
-                self.counts["preemptions"] += 1
-                self.metrics.preemptions.inc()
-                e.preempted += 1
-                victim.preemptions += 1
-                self._requeue(victim, e, failed=False, here=True)
-        self._pump(e)
+    def _key(self, turn: Turn, now: float) -> Key:
+        """Its rank while it waits: the client's class, aged turns first (oldest first),
+        then the scheduler's key."""
+        if turn.aged:
+            return (turn.request.priority, 0, turn.arrival_s)
+        return (turn.request.priority, 1, self.scheduler.key(turn.traj, now))
 
-    def _outranks(self, waiting: tuple[int, float], running: tuple[int, float]) -> bool:
+    def _wait_at(self, e: EngineState, turn: Turn) -> None:
+        now = self.now()
+        turn.queue(e, self._key(turn, now), now)
+        e.waiting.add(turn)
+
+    def _enqueue(self, e: EngineState, turn: Turn) -> None:
+        self._wait_at(e, turn)
+        if not e.has_slot() and self.scheduler.preemptive and e.running:
+            self._maybe_preempt(e)
+        self._pump(e)
+        if turn.state is TurnState.QUEUED and not self.router.central_queue:
+            self._bind_free()
+
+    def _maybe_preempt(self, e: EngineState) -> None:
+        """Algorithm 1, lines 6-10: evict r_min, move it to Q, promote Q.top; only a victim
+        preempted fewer than `max_preemptions` times, and only where the wait the head saves
+        exceeds the victim's prefill again."""
+        cap = self.config.max_preemptions
+        victims = [r for r in e.running.values() if r.preemptions < cap]
+        head = e.waiting[0]
+        if not victims:
+            if any(self._outranks(head.key, r.key) for r in e.running.values()):
+                self.counts["preemptions_declined"] += 1
+            return
+        victim = max(victims, key=lambda r: (r.key, r.seq))
+        if not self._outranks(head.key, victim.key):
+            return
+        saved = slot_wait_s(len(e.running), e.pace.turn_s)
+        cost = self._prefill_s(e, victim.traj, len(victim.prompt) + len(victim.generated), 0)
+        if not saved > cost:
+            self.counts["preemptions_declined"] += 1
+            return
+        self.counts["preemptions"] += 1
+        self.metrics.preemptions.inc()
+        e.preempted += 1
+        victim.preemptions += 1
+        victim.bound = "preemption"
+        self._requeue(victim, e, failed=False, here=True)
+
+    def _outranks(self, waiting: Key, running: Key) -> bool:
         if waiting[0] != running[0]:  # the clients' priority classes decide first
             return waiting[0] < running[0]
-        return self.scheduler.outranks(waiting[1], running[1])
+        if waiting[1] != running[1] or waiting[1] == 0:
+            return False  # an aged turn runs next, but preempts nobody and is not preempted
+        return self.scheduler.outranks(waiting[2], running[2])
 
     def _pump(self, e: EngineState) -> None:
         while e.alive and e.waiting and e.has_slot():
             self._run(e, e.waiting.pop(0))
+        if e.has_slot() and e.routable and not self.router.central_queue:
+            self._bind_late(e)
+
+    # ---- late binding and what a move costs ------------------------------------------
+
+    def _prefill_s(self, e: EngineState, t: Trajectory, tokens: int, cached: int) -> float:
+        """Seconds prefilling `tokens` of `t`'s sequence, `cached` of them in its prefix
+        cache, adds to a step of `e`'s, by its latency model (0 where it has none). NOTE: the
+        step's own cost is paid anyway (continuous batching): only the prefill's is counted."""
+        lat = self._latency(e.tp)
+        cached = min(cached, tokens)
+        new = tokens - cached
+        if lat is None or new <= 0:
+            return 0.0
+        return max(0.0, lat.iteration_time(1, 0, new, cached) - lat.iteration_time(1, 0))
+
+    def _computed(self, turn: Turn) -> int:
+        """Tokens of `turn`'s sequence some engine has computed already."""
+        seq = len(turn.prompt) + len(turn.generated)
+        prior = max(turn.traj.prefix.values(), default=0)
+        return min(seq, max(turn.computed, prior))
+
+    def _extra_prefill_s(self, turn: Turn, src: EngineState, dst: EngineState) -> float:
+        """What prefilling `turn` at `dst` costs beyond prefilling it at `src`."""
+        t = turn.traj
+        seq = len(turn.prompt) + len(turn.generated)
+        there = self._prefill_s(dst, t, seq, t.prefix.get(dst.idx, 0))
+        here = self._prefill_s(src, t, seq, t.prefix.get(src.idx, 0))
+        return there - here
+
+    def _bind_free(self) -> None:
+        """Engines with room and nothing of their own waiting take turns waiting elsewhere."""
+        for f in self.current():
+            if f.has_slot() and not f.waiting and f.routable:
+                self._bind_late(f)
+
+    def _bind_late(self, f: EngineState) -> None:
+        """`f` has a slot and nothing of its own waiting: it takes the best turn waiting at
+        another engine (at the current weights) whose wait there exceeds what prefilling it
+        at `f` costs beyond prefilling it there; an aged turn moves whatever it costs."""
+        if f.version != self.version or f.waiting:
+            return
+        while f.has_slot() and not f.waiting:
+            pick = self._late_pick(f)
+            if pick is None:
+                return
+            src, turn = pick
+            src.waiting.remove(turn)
+            self.counts["late_bindings"] += 1
+            turn.bound = "late_binding"
+            self._wait_at(f, turn)
+            self._run(f, f.waiting.pop(0))
+
+    def _late_pick(self, f: EngineState) -> tuple[EngineState, Turn] | None:
+        candidates: list[tuple[Key, int, EngineState, Turn]] = []
+        for e in self.live():
+            if e is f or not e.waiting:
+                continue
+            for ahead, turn in enumerate(e.waiting.islice(0, LATE_LOOK)):
+                if turn.aged or slot_wait_s(
+                    len(e.running), e.pace.turn_s, ahead
+                ) > self._extra_prefill_s(turn, e, f):
+                    candidates.append((turn.key, turn.seq, e, turn))
+                    break  # the best of this engine's queue that pays
+        if not candidates:
+            return None
+        _, _, e, turn = min(candidates, key=lambda c: (c[0], c[1]))
+        return e, turn
+
+    def _move_pays(self, traj: Any, src_idx: int, dst_idx: int) -> bool:
+        """Heddle's migration of a trajectory between its turns: the wait its next turn saves
+        at `dst` must exceed what prefilling its context there costs beyond at `src`."""
+        src = next((e for e in self.live() if e.idx == src_idx), None)
+        dst = next((e for e in self.live() if e.idx == dst_idx), None)
+        t = self._by_tid.get(traj.traj_id)
+        if src is None or dst is None or t is None:
+            return True  # its home is gone: it must move anyway
+        seq = t.pending_context
+        cost = self._prefill_s(dst, t, seq, t.prefix.get(dst.idx, 0)) - self._prefill_s(
+            src, t, seq, t.prefix.get(src.idx, 0)
+        )
+        if cost <= 0:
+            return True
+        saved = self._slot_wait(src) - self._slot_wait(dst)
+        if saved > cost:
+            return True
+        self.counts["migrations_declined"] += 1
+        return False
+
+    def _slot_wait(self, e: EngineState) -> float:
+        """Seconds a turn placed at `e` now would wait for a slot there."""
+        if e.has_slot() and not e.waiting:
+            return 0.0
+        return slot_wait_s(len(e.running), e.pace.turn_s, len(e.waiting))
+
+    async def _age_loop(self) -> None:
+        """Turns that have waited `max_wait_s` in the router are aged: they run next."""
+        bound = self.config.max_wait_s
+        while True:
+            await asyncio.sleep(max(0.05, min(1.0, bound / 10)))
+            self._age(bound)
+
+    def _age(self, bound: float) -> None:
+        now = self.now()
+        touched = []
+        for e in self.live():
+            old = [turn for turn in e.waiting if not turn.aged and turn.waited(now) >= bound]
+            for turn in old:
+                e.waiting.remove(turn)
+                turn.aged = True
+                turn.key = self._key(turn, now)
+                e.waiting.add(turn)
+                self.counts["aged"] += 1
+            if old:
+                touched.append(e)
+        if touched and not self.router.central_queue:
+            self._bind_free()
 
     def _run(self, e: EngineState, turn: Turn) -> None:
         if turn.remaining <= 0 and turn.attempt_logprobs().prompt_start is None:
             turn.finish_reason = turn.finish_reason or "length"
             self._end(turn)
             return
+        self._count_reprefill(e, turn)
         attempt = turn.run(self.now())
         turn.progress_t = self._loop_time()
         turn.attempt_chunks = 0
@@ -525,11 +736,32 @@ class RolloutDriver:
             self.metrics.queueing.observe(self.now() - turn.arrival_s)
         turn.task = self._spawn(self._attempt(e, turn, attempt))
 
+    def _count_reprefill(self, e: EngineState, turn: Turn) -> None:
+        t = turn.traj
+        seq = len(turn.prompt) + len(turn.generated)
+        again = self._computed(turn) - min(seq, t.prefix.get(e.idx, 0))
+        reason = turn.bound
+        if reason == "placement" and t.migrated:
+            reason = "migration"
+        t.migrated = False
+        turn.bound = "placement"
+        if again > 0:
+            self.reprefill[reason] += again
+
+    def _computed_at(self, e: EngineState, turn: Turn, kept: bool = True) -> None:
+        """`turn`'s attempt at `e` stopped: `e` computed its sequence so far (`kept`: and
+        holds it in its prefix cache, as far as the router knows)."""
+        seq = len(turn.prompt) + len(turn.generated)
+        turn.computed = max(turn.computed, seq)
+        if kept:
+            turn.traj.prefix[e.idx] = seq
+        else:
+            turn.traj.prefix.pop(e.idx, None)
+
     def _priority(self, e: EngineState, turn: Turn) -> int | None:
-        if not e.config.priority:
+        if not e.send_priority:
             return None
-        cls, key = turn.key
-        return max(-_PRIORITY_BOUND, min(_PRIORITY_BOUND, cls * 2**40 + int(key * 1000)))
+        return engine_priority(turn.key, e.client.high_first)
 
     # ---- attempts ----------------------------------------------------------------------
 
@@ -538,34 +770,45 @@ class RolloutDriver:
         if sampling["max_tokens"] < 1:  # scoring a prompt: engines generate at least one
             sampling["max_tokens"] = 1
             sampling.pop("min_tokens", None)
-        stream = e.client.generate(
-            turn.rid(),
-            turn.prompt + turn.generated,
-            sampling,
-            self._priority(e, turn),
-            turn.attempt_logprobs(),
-        )
         done: Done | None = None
-        try:
-            async for item in stream:
-                if turn.attempt != attempt:  # superseded (defensive: we were cancelled)
-                    return
-                if isinstance(item, Delta):
-                    self._receive(e, turn, item)
-                else:
-                    done = item
-        except EngineRejected as exc:
-            if turn.attempt == attempt:
-                self._end(turn, error=exc, engine_done=True)
-            return
-        except EngineError as exc:
-            # NOTE: a refused connection is a dead engine; anything else (a 5xx, a broken
-            # stream, a connect that timed out on loaded cores) may be this request's alone:
-            # the turn moves and the engine's health decides whether it stays in
-            self._on_failure(e, turn, attempt, str(exc), down=isinstance(exc, EngineUnreachable))
-            return
-        finally:
-            await stream.aclose()  # type: ignore[attr-defined]
+        while True:
+            priority = self._priority(e, turn)
+            stream = e.client.generate(
+                turn.rid(),
+                turn.prompt + turn.generated,
+                sampling,
+                priority,
+                turn.attempt_logprobs(),
+            )
+            try:
+                async for item in stream:
+                    if turn.attempt != attempt:  # superseded (defensive: we were cancelled)
+                        return
+                    if isinstance(item, Delta):
+                        self._receive(e, turn, item)
+                    else:
+                        done = item
+            except EngineRejected as exc:
+                if priority is not None and _refuses_priority(exc) and not turn.attempt_chunks:
+                    # NOTE: vLLM without --scheduling-policy priority refuses the field: the
+                    # engine gets none from now on, and the turn goes again without it
+                    e.send_priority = False
+                    self.counts["priority_refused"] += 1
+                    log.warning("engine %s schedules without priorities: %s", e.id, exc.detail)
+                    continue
+                if turn.attempt == attempt:
+                    self._end(turn, error=exc, engine_done=True)
+                return
+            except EngineError as exc:
+                # NOTE: a refused connection is a dead engine; anything else (a 5xx, a broken
+                # stream, a connect that timed out on loaded cores) may be this request's
+                # alone: the turn moves and the engine's health decides whether it stays in
+                down = isinstance(exc, EngineUnreachable)
+                self._on_failure(e, turn, attempt, str(exc), down=down)
+                return
+            finally:
+                await stream.aclose()  # type: ignore[attr-defined]
+            break
         if turn.attempt != attempt or done is None:
             return
         turn.cached_tokens += done.cached_tokens
@@ -668,6 +911,7 @@ class RolloutDriver:
         """End the running attempt at `e`: the stream closes (engines abort on disconnect)
         and the engine is told by id; the tokens received so far stay with the turn."""
         e.running.pop(turn.seq, None)
+        self._computed_at(e, turn, kept=turn.bound != "preemption")
         rid = turn.interrupt()
         task = turn.task
         if task is not None and not task.done() and task is not asyncio.current_task():
@@ -684,6 +928,8 @@ class RolloutDriver:
         wherever the router sends it, avoiding `e`."""
         self._interrupt(turn, e)
         if failed:  # its engine failed, stalled or was taken out: counted once, here
+            turn.bound = "failover"
+            turn.traj.prefix.pop(e.idx, None)
             self.router.release(turn.traj.traj_id)
             self.counts["failovers"] += 1
             self.metrics.failovers.inc()
@@ -696,8 +942,7 @@ class RolloutDriver:
         if failed:
             log.info("turn %s resumes elsewhere after %d tokens", turn.rid(), len(turn.generated))
         if here and e.routable:
-            turn.queue(e, (turn.request.priority, self.scheduler.key(turn.traj, self.now())))
-            e.waiting.add(turn)
+            self._wait_at(e, turn)
         else:
             self._place(turn, avoid=e)
         self._pump(e)
@@ -732,6 +977,17 @@ class RolloutDriver:
             turn.end(now, error=str(error), status=http_status(error))
         if error is None and was is TurnState.RUNNING and e is not None:
             e.completed += 1
+            if engine_done:
+                self._computed_at(e, turn)
+                first = turn.first_token_s
+                e.pace.observe(
+                    start_s=first - turn.attempt_s
+                    if first is not None and first >= turn.attempt_s
+                    else None,
+                    decode_s=now - first if first is not None else 0.0,
+                    tokens=len(turn.generated),
+                    turn_s=now - turn.attempt_s,
+                )
         t = turn.traj
         t.active.pop(turn.seq, None)
         self._forget_rid(turn)
@@ -744,6 +1000,7 @@ class RolloutDriver:
         t.last_end_s = now
         t.last_seen_s = now
         self.metrics.turn_done(now - turn.arrival_s)
+        self.timing["longest_wait_s"] = max(self.timing["longest_wait_s"], turn.waited_s)
         if turn.started_s is not None and turn.first_token_s is not None:
             self.timing["turns"] += 1
             self.timing["queue_s"] += turn.started_s - turn.arrival_s
@@ -832,6 +1089,7 @@ class RolloutDriver:
             return
         self.counts["migrations"] += 1
         self.metrics.migrations.inc()
+        t.migrated = True
         dest = next((e for e in live if e.idx == target), None)
         if dest is None:
             return
@@ -839,6 +1097,7 @@ class RolloutDriver:
             src = turn.engine
             if turn.state is TurnState.QUEUED and src is not None and src is not dest:
                 src.waiting.remove(turn)
+                turn.bound = "migration"
                 self._enqueue(dest, turn)
 
     def _handle_stale(self) -> None:
@@ -1080,6 +1339,16 @@ class RolloutDriver:
             "alive": e.alive,
             "draining": e.draining,
             "max_running": e.max_running,
+            "limit": e.limit if math.isfinite(e.limit) else None,
+            "priority": e.send_priority,
+            "reported": None
+            if e.reported is None
+            else {
+                "running": e.reported.running,
+                "waiting": e.reported.waiting,
+                "kv_usage": e.reported.kv_usage,
+            },
+            "turn_s": e.pace.turn_s,
             "running": len(e.running),
             "waiting": len(e.waiting),
             "load": e.load,
@@ -1105,6 +1374,7 @@ class RolloutDriver:
             "weights_version": self.version,
             "held": self.held(),
             "policy": dict(self.counts),
+            "reprefill_tokens": dict(self.reprefill),
             "timing": dict(self.timing),
             "trajectories": {
                 "active": len(self.trajectories),
@@ -1116,6 +1386,11 @@ class RolloutDriver:
                 "fits": self.predictor.fits,
             },
         }
+
+
+def _refuses_priority(exc: EngineRejected) -> bool:
+    """vLLM's answer to a `priority` without --scheduling-policy priority."""
+    return "priorit" in exc.detail.lower()
 
 
 def _prompt_hash(prompt: list[int]) -> int:

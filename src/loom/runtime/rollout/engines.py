@@ -21,6 +21,14 @@ Both yield `Delta`s (new token ids, their text and logprobs) and end with one `D
 finish reason and the engine's usage), or raise `EngineError` when the engine fails (refused
 connection, 5xx, a broken stream). Every call but a stream's body has a deadline
 (`call_timeout_s`); a stream's progress is the driver's to time.
+
+Each engine also says how loaded it is (`load`, an `EngineLoad`): vLLM in its Prometheus
+`/metrics` (`vllm:num_requests_running`, `vllm:num_requests_waiting`,
+`vllm:kv_cache_usage_perc`), SGLang at `/v1/loads` (`num_running_reqs`, `num_waiting_reqs`,
+`token_usage`, `max_running_requests`; older releases: `/get_load`). The router forwards a
+turn at once while its engine has room by these words, and passes its scheduler's key as the
+request's `priority`: vLLM runs lower values first, SGLang higher ones (unless started with
+`--schedule-low-priority-values-first`, which its `/get_server_info` says).
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ __all__ = [
     "Done",
     "EngineClient",
     "EngineError",
+    "EngineLoad",
     "EngineRejected",
     "EngineUnreachable",
     "ModelInfo",
@@ -100,6 +109,21 @@ class ModelInfo:
     kind: EngineKind
     max_model_len: int | None = None
     root: str | None = None  # where the engine loaded the model from, if it says
+    max_running: int | None = None  # requests it runs at once, where it says (SGLang)
+    # whether it schedules by the request's priority, where it says (SGLang); None: unknown
+    priority: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    """What an engine says of its load: requests running and waiting in its own queue (of
+    every client, not only the router's), the share of its KV cache in use, and how many
+    requests it runs at once where it says."""
+
+    running: int
+    waiting: int
+    kv_usage: float | None = None
+    max_running: int | None = None
 
 
 @dataclass
@@ -111,6 +135,8 @@ class EngineClient:
     call_timeout_s: float = 10.0
     model: str = ""
     kind: EngineKind = field(init=False)
+    # the engine runs higher `priority` values first (SGLang's default); vLLM: lower first
+    high_first: bool = field(default=False, init=False)
     _urls: dict[str, URL] = field(default_factory=dict, init=False, repr=False)
     _headers: dict[str, str] = field(default_factory=lambda: dict(_JSON), init=False, repr=False)
 
@@ -151,6 +177,10 @@ class EngineClient:
     async def abort(self, rid: str) -> None:
         raise NotImplementedError
 
+    async def load(self) -> EngineLoad:
+        """What the engine says of its load now (`EngineError` where it says nothing)."""
+        raise EngineError(f"{self.url}: this kind of engine says nothing of its load")
+
     async def tokenize(self, body: Mapping[str, Any]) -> list[int]:
         """`body` is vLLM's `/tokenize` request: {"prompt"} or {"messages", ...}."""
         data = await self._post_json("/tokenize", {"model": self.model, **body})
@@ -163,13 +193,22 @@ class EngineClient:
         return aiohttp.ClientTimeout(total=self.call_timeout_s)
 
     async def _post_json(self, path: str, body: Mapping[str, Any]) -> Any:
-        return await self._json("POST", path, _dumps(body))
+        return self._decode(path, await self._call("POST", path, _dumps(body)))
 
     async def _get_json(self, path: str) -> Any:
-        return await self._json("GET", path, None)
+        return self._decode(path, await self._call("GET", path, None))
 
-    async def _json(self, method: str, path: str, data: bytes | None) -> Any:
-        """A JSON call with the engine's deadline; any failure is an `EngineError`."""
+    async def _get(self, path: str) -> bytes:
+        return await self._call("GET", path, None)
+
+    def _decode(self, path: str, raw: bytes) -> Any:
+        try:
+            return _loads(raw)
+        except ValueError as exc:
+            raise EngineError(f"{self.url}{path} answered no JSON: {raw[:200]!r}") from exc
+
+    async def _call(self, method: str, path: str, data: bytes | None) -> bytes:
+        """A call with the engine's deadline; any failure is an `EngineError`."""
         where = f"{self.url}{path}"
         try:
             async with self.session.request(
@@ -177,7 +216,7 @@ class EngineClient:
             ) as resp:
                 raw = await resp.read()
                 _raise_for(resp.status, raw, where)
-                return _loads(raw)
+                return raw
         except aiohttp.ClientConnectorError as exc:
             raise EngineUnreachable(f"engine {self.url} is unreachable: {exc}") from exc
         except TimeoutError as exc:
@@ -407,6 +446,9 @@ class VllmEngine(EngineClient):
     async def abort(self, rid: str) -> None:
         await self._post_quietly("/abort_requests", {"request_ids": [f"cmpl-{rid}-0"]})
 
+    async def load(self) -> EngineLoad:
+        return vllm_load(await self._get("/metrics"), self.model)
+
 
 # ---- SGLang ----------------------------------------------------------------------------------
 
@@ -423,9 +465,32 @@ class SglangEngine(EngineClient):
     async def probe(self) -> ModelInfo:
         data = await self._get_json("/get_model_info")
         self.model = str(data.get("model_path") or data.get("served_model_name") or "model")
+        # NOTE: its server arguments say how it schedules; an engine without the route (or
+        # an older one) leaves them unknown
+        try:
+            args = await self._get_json("/get_server_info")
+        except (EngineError, EngineRejected):
+            args = {}
+        args = args if isinstance(args, dict) else {}
+        self.high_first = not args.get("schedule_low_priority_values_first", False)
+        priority = args.get("enable_priority_scheduling")
+        max_running = args.get("max_running_requests")
         return ModelInfo(
-            self.model, self.kind, data.get("max_total_num_tokens"), data.get("model_path")
+            self.model,
+            self.kind,
+            data.get("max_total_num_tokens"),
+            data.get("model_path"),
+            max_running=int(max_running) if isinstance(max_running, int) else None,
+            priority=bool(priority) if priority is not None else None,
         )
+
+    async def load(self) -> EngineLoad:
+        try:
+            return sglang_load(await self._get_json("/v1/loads"))
+        except EngineError as exc:
+            if "answered 404" not in str(exc):
+                raise
+        return sglang_load(await self._get_json("/get_load"))  # before /v1/loads
 
     async def generate(
         self,
@@ -522,6 +587,64 @@ class SglangEngine(EngineClient):
 
     async def abort(self, rid: str) -> None:
         await self._post_quietly("/abort_request", {"rid": rid})
+
+
+_VLLM_LOAD = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
+
+
+def vllm_load(metrics: bytes, model: str = "") -> EngineLoad:
+    """vLLM's load from its Prometheus text: running and waiting requests summed over its
+    engine cores, the fullest core's KV-cache use; the samples labelled `model` where any
+    are."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    # NOTE: only the three gauges' samples are parsed: the whole text is tens of kB
+    heads = tuple((name + "{").encode() for name in _VLLM_LOAD) + tuple(
+        (name + " ").encode() for name in _VLLM_LOAD
+    )
+    wanted = b"\n".join(ln for ln in metrics.split(b"\n") if ln.startswith(heads))
+    try:
+        families = list(text_string_to_metric_families(wanted.decode(errors="replace") + "\n"))
+    except ValueError as exc:
+        raise EngineError(f"malformed vLLM metrics: {exc}") from exc
+    samples = [x for family in families for x in family.samples]
+    mine = [x for x in samples if x.labels.get("model_name") == model]
+    values: dict[str, list[float]] = {}
+    for sample in mine or samples:
+        values.setdefault(sample.name, []).append(sample.value)
+    if _VLLM_LOAD[0] not in values or _VLLM_LOAD[1] not in values:
+        raise EngineError("the engine's /metrics has no vllm:num_requests_running/waiting")
+    kv = values.get(_VLLM_LOAD[2])
+    return EngineLoad(
+        running=round(sum(values[_VLLM_LOAD[0]])),
+        waiting=round(sum(values[_VLLM_LOAD[1]])),
+        kv_usage=max(kv) if kv else None,
+    )
+
+
+def sglang_load(data: Any) -> EngineLoad:
+    """SGLang's load, summed over its data-parallel ranks: `/v1/loads` ({"loads": [...]} with
+    `num_running_reqs`, `num_waiting_reqs`, `token_usage`, `max_running_requests`) or the
+    older `/get_load` ([{"num_reqs" (running + waiting), "num_waiting_reqs"}])."""
+    ranks = data.get("loads") if isinstance(data, dict) else data
+    if not isinstance(ranks, list) or not ranks or not all(isinstance(r, dict) for r in ranks):
+        raise EngineError(f"an SGLang load report without loads: {str(data)[:200]}")
+    try:
+        waiting = sum(int(r["num_waiting_reqs"]) for r in ranks)
+        if all("num_running_reqs" in r for r in ranks):
+            running = sum(int(r["num_running_reqs"]) for r in ranks)
+        else:
+            running = sum(int(r["num_reqs"]) for r in ranks) - waiting
+        usage = [float(r["token_usage"]) for r in ranks if r.get("token_usage") is not None]
+        caps = [int(r["max_running_requests"]) for r in ranks if r.get("max_running_requests")]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise EngineError(f"a malformed SGLang load report: {str(data)[:200]}") from exc
+    return EngineLoad(
+        running=running,
+        waiting=waiting,
+        kv_usage=max(usage) if usage else None,
+        max_running=sum(caps) if len(caps) == len(ranks) else None,
+    )
 
 
 async def probe_kind(

@@ -1,7 +1,7 @@
 """The engines behind the router: registration (probe, model check, ids), draining, weight
-versions, what a lent engine's side reports, and health. It keeps the engines' state; it
-never moves a turn. Whoever owns the turns (the driver) hears of an engine going down or
-coming back through `EngineEvents`."""
+versions, what a lent engine's side reports, health, and what each engine says of its load.
+It keeps the engines' state; it never moves a turn. Whoever owns the turns (the driver) hears
+of an engine going down, coming back or reporting its load through `EngineEvents`."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import aiohttp
 
-from loom.core.errors import Conflict, NotFound
+from loom.core.errors import Conflict, NotFound, UpstreamError
+from loom.runtime.rollout.admission import Capacity
 from loom.runtime.rollout.config import EngineConfig, EngineKind, RolloutServerConfig
 from loom.runtime.rollout.engines import EngineClient, ModelInfo, make_engine, probe_kind
 from loom.runtime.rollout.metrics import RouterMetrics
@@ -39,6 +40,7 @@ class EngineEvents(Protocol):
 
     def engine_down(self, e: EngineState, reason: str) -> None: ...
     def engine_up(self, e: EngineState) -> None: ...
+    def engine_load(self, e: EngineState) -> None: ...
 
 
 class EngineRegistry:
@@ -100,6 +102,10 @@ class EngineRegistry:
             model=info.model,
             trajectories=self._trajectories,
             version=self.version if cfg.version is None else cfg.version,
+            capacity=Capacity(
+                configured=cfg.max_running, stated=info.max_running, kv_full=self.config.kv_full
+            ),
+            send_priority=cfg.priority and info.priority is not False,
         )
         self.engines[eid] = state
         self._changed()
@@ -222,6 +228,33 @@ class EngineRegistry:
             e.reported_slack_s = slack_s
             e.stalled = False
         return e
+
+    # ---- load ----------------------------------------------------------------------------
+
+    async def load_loop(self, events: EngineEvents) -> None:
+        """Ask every live engine for its load each `load_interval_s`; an engine that says
+        nothing of it is logged once and admitted by its configured and stated limits."""
+        mute: set[str] = set()
+        while True:
+            await asyncio.sleep(self.config.load_interval_s)
+            engines = [e for e in self.engines.values() if e.alive]
+            results = await asyncio.gather(
+                *(e.client.load() for e in engines), return_exceptions=True
+            )
+            for e, got in zip(engines, results, strict=True):
+                if isinstance(got, BaseException):
+                    if not isinstance(got, UpstreamError):
+                        raise got
+                    if e.id not in mute:
+                        mute.add(e.id)
+                        log.info("engine %s says nothing of its load (%s)", e.id, got)
+                    continue
+                if self.engines.get(e.id) is not e or not e.alive:
+                    continue
+                mute.discard(e.id)
+                e.reported = got
+                e.capacity.observe(got, len(e.running))
+                events.engine_load(e)
 
     # ---- health --------------------------------------------------------------------------
 

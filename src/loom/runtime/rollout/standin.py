@@ -1,6 +1,12 @@
 """A small stand-in for an SGLang engine: SGLang's native routes (`/generate` with
-`input_ids`, `rid`, streaming; `/abort_request`; `/get_model_info`; `/health`; `/tokenize`)
-over a deterministic "model" with continuous batching on a fixed step time.
+`input_ids`, `rid`, streaming; `/abort_request`; `/get_model_info`; `/get_server_info`;
+`/v1/loads` and `/get_load`; `/health`; `/tokenize`) over a deterministic "model" with
+continuous batching on a fixed step time: at most `--max-running` requests at once and, with
+`--kv-tokens N`, only as many as N tokens of context hold; the rest wait in its own queue,
+first come first served or, with `--priority`, by the request's `priority` (higher first, as
+SGLang; `--low-priority-first` as vLLM). Its load report is taken after each step's
+admissions, as vLLM's and SGLang's are: a request waits there only when the engine is full.
+`standin_latency` is its latency model, for the router's cost model.
 
 It exists because vLLM, the engine Loom tests against, has no SGLang dialect; it serves the
 tests of that dialect and of what a real engine makes slow to provoke (a hang, a crash
@@ -33,13 +39,23 @@ import sys
 import zlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from loom.proc.tether import Tethered
 
-__all__ = ["StandinEngine", "StandinProcess", "next_token"]
+if TYPE_CHECKING:
+    from loom.perf.latency import ProfiledLatencyModel
+
+__all__ = [
+    "StandinEngine",
+    "StandinProcess",
+    "next_token",
+    "standin_latency",
+    "write_standin_profile",
+]
 
 VOCAB = 32000
 EOS = 2
@@ -133,6 +149,8 @@ class _Request:
     start: int = -1
     logprobs: list[list[Any]] = field(default_factory=list)
     tops: list[list[list[Any]]] = field(default_factory=list)
+    priority: int = 0
+    seq: int = 0
 
 
 class StandinEngine:
@@ -144,10 +162,17 @@ class StandinEngine:
         incremental: bool = False,
         model: str = "standin",
         token: str | None = None,
+        kv_tokens: int | None = None,
+        priority: bool = False,
+        low_priority_first: bool = False,
     ) -> None:
         self.token = token  # the bearer token every route but /health wants (vLLM --api-key)
         self.step_s = step_s
         self.max_running = max_running
+        self.kv_tokens = kv_tokens  # context tokens its running requests may hold
+        self.priority = priority
+        self.low_priority_first = low_priority_first
+        self.report: dict[str, Any] = {"running": 0, "waiting": 0, "used": 0}
         self.prefill_s_per_token = prefill_s_per_token
         self.incremental = incremental
         self.model = model
@@ -183,9 +208,7 @@ class StandinEngine:
             await asyncio.sleep(self.step_s)
             if self.fault == "hang":
                 continue
-            while self.waiting and len(self.running) < self.max_running:
-                r = self.waiting.pop(0)
-                self.running[r.rid] = r
+            self._admit()
             self.max_seen = max(self.max_seen, len(self.running) + len(self.waiting))
             self.steps += 1
             for r in list(self.running.values()):
@@ -207,6 +230,28 @@ class StandinEngine:
                 self._emit(r, [tok])
                 if r.finish is not None:
                     self._end(r)
+
+    def _used(self) -> int:
+        return sum(len(r.context) for r in self.running.values())
+
+    def _admit(self) -> None:
+        """Its queue's head joins the batch while a slot and its context's KV are free (an
+        oversized one only into an empty batch); then the load report is taken."""
+        used = self._used()
+        while self.waiting and len(self.running) < self.max_running:
+            head = min(self.waiting, key=self._order)
+            need = len(head.context) + 1
+            if self.kv_tokens is not None and used + need > self.kv_tokens and self.running:
+                break
+            self.waiting.remove(head)
+            self.running[head.rid] = head
+            used += need
+        self.report = {"running": len(self.running), "waiting": len(self.waiting), "used": used}
+
+    def _order(self, r: _Request) -> tuple[int, int]:
+        if not self.priority:
+            return (0, r.seq)
+        return (r.priority if self.low_priority_first else -r.priority, r.seq)
 
     def _emit(self, r: _Request, new: list[int]) -> None:
         ids = new if self.incremental else list(r.generated)
@@ -280,6 +325,9 @@ class StandinEngine:
         app = web.Application(middlewares=[self._faults])
         app.router.add_get("/health", self.health)
         app.router.add_get("/get_model_info", self.model_info)
+        app.router.add_get("/get_server_info", self.server_info)
+        app.router.add_get("/v1/loads", self.loads)
+        app.router.add_get("/get_load", self.get_load)
         app.router.add_post("/generate", self.generate)
         app.router.add_post("/abort_request", self.abort)
         app.router.add_post("/tokenize", self.tokenize)
@@ -303,6 +351,50 @@ class StandinEngine:
 
     async def model_info(self, request: web.Request) -> web.Response:
         return web.json_response({"model_path": self.model, "is_generation": True})
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        """The server arguments SGLang reports that say how it schedules."""
+        return web.json_response(
+            {
+                "model_path": self.model,
+                "max_running_requests": self.max_running,
+                "max_total_num_tokens": self.kv_tokens,
+                "enable_priority_scheduling": self.priority,
+                "schedule_low_priority_values_first": self.low_priority_first,
+            }
+        )
+
+    async def loads(self, request: web.Request) -> web.Response:
+        rep = self.report
+        usage = rep["used"] / self.kv_tokens if self.kv_tokens else 0.0
+        return web.json_response(
+            {
+                "loads": [
+                    {
+                        "dp_rank": 0,
+                        "num_running_reqs": rep["running"],
+                        "num_waiting_reqs": rep["waiting"],
+                        "num_used_tokens": rep["used"],
+                        "max_total_num_tokens": self.kv_tokens,
+                        "token_usage": round(usage, 4),
+                        "max_running_requests": self.max_running,
+                    }
+                ]
+            }
+        )
+
+    async def get_load(self, request: web.Request) -> web.Response:
+        rep = self.report
+        return web.json_response(
+            [
+                {
+                    "dp_rank": None,
+                    "num_reqs": rep["running"] + rep["waiting"],
+                    "num_waiting_reqs": rep["waiting"],
+                    "num_tokens": rep["used"],
+                }
+            ]
+        )
 
     async def tokenize(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -364,6 +456,8 @@ class StandinEngine:
             min_new=int(params.get("min_new_tokens") or 0),
             ignore_eos=bool(params.get("ignore_eos")),
             stop_ids=set(params.get("stop_token_ids") or ()),
+            priority=int(body.get("priority") or 0),
+            seq=len(self.log),
         )
         r.experts = bool(body.get("return_routed_experts"))
         if body.get("return_logprob"):
@@ -414,6 +508,35 @@ class StandinEngine:
         return resp
 
 
+def standin_latency(
+    step_s: float, prefill_s_per_token: float = 0.0, kv_tokens: int = 10_000_000, tp: int = 1
+) -> ProfiledLatencyModel:
+    """The stand-in's latency model: a decode step of `step_s` whatever the batch, and
+    `prefill_s_per_token` for each uncached prompt token."""
+    from loom.perf.latency import ProfiledLatencyModel
+
+    return ProfiledLatencyModel(
+        coefficients=(step_s, 0.0, 0.0, prefill_s_per_token, 0.0),
+        kv_capacity_tokens=kv_tokens,
+        tp=tp,
+    )
+
+
+def write_standin_profile(
+    path: str | os.PathLike[str],
+    step_s: float,
+    prefill_s_per_token: float = 0.0,
+    kv_tokens: int = 10_000_000,
+) -> None:
+    """`standin_latency` as a profile CSV (`--profile`), rows sampled from the model."""
+    from loom.perf.latency import sample_profile, save_profile
+
+    lat = standin_latency(step_s, prefill_s_per_token, kv_tokens)
+    rows = sample_profile(lat)
+    note = f"the stand-in engine: step {step_s} s, prefill {prefill_s_per_token} s per token"
+    save_profile(Path(path), rows, tp=1, kv_capacity_tokens=kv_tokens, note=note)
+
+
 class StandinProcess:
     """A stand-in engine in its own process on a free loopback port; a context manager.
     `args` are extra command-line flags (e.g. "--step-ms", "5")."""
@@ -457,6 +580,11 @@ def main() -> None:
     p.add_argument("--max-running", type=int, default=64)
     p.add_argument("--prefill-us-per-token", type=float, default=0.0)
     p.add_argument("--incremental", action="store_true")
+    p.add_argument("--kv-tokens", type=int, default=None, help="context tokens it holds")
+    p.add_argument("--priority", action="store_true", help="schedule by request priority")
+    p.add_argument(
+        "--low-priority-first", action="store_true", help="lower priority values first (vLLM)"
+    )
     p.add_argument("--token", default=None, help="bearer token every route but /health wants")
     args = p.parse_args()
     engine = StandinEngine(
@@ -465,6 +593,9 @@ def main() -> None:
         prefill_s_per_token=args.prefill_us_per_token / 1e6,
         incremental=args.incremental,
         token=args.token,
+        kv_tokens=args.kv_tokens,
+        priority=args.priority,
+        low_priority_first=args.low_priority_first,
     )
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING
 
 from sortedcontainers import SortedList
 
+from loom.runtime.rollout.admission import Capacity, Pace
 from loom.runtime.rollout.config import EngineConfig
-from loom.runtime.rollout.engines import EngineClient
+from loom.runtime.rollout.engines import EngineClient, EngineLoad
 
 if TYPE_CHECKING:
     from loom.runtime.rollout.turn import Turn
@@ -51,6 +52,9 @@ class Trajectory:
     last_seen_s: float = 0.0
     # its turns in flight, by seq: agent frameworks branch, and n > 1 samples are siblings
     active: dict[int, Turn] = field(default_factory=dict)
+    # tokens of its context each engine (by index) computed last: a prefix it may hold cached
+    prefix: dict[int, int] = field(default_factory=dict)
+    migrated: bool = False  # the router moved its home since its last turn ran
     ended: bool = False
     started: bool = False  # its first turn arrived
     one_turn: bool = False  # anonymous: ends with its only request
@@ -84,6 +88,10 @@ class EngineState:
     free_tokens: int | None = None  # rollout KV tokens it can still take
     reported_slack_s: float = math.inf  # its serving-SLO slack
     stalled: bool = False  # a turn stalled there since the last report: read as no slack
+    capacity: Capacity = field(default_factory=Capacity)  # its room, by what it says
+    pace: Pace = field(default_factory=Pace)  # measured over its finished attempts
+    reported: EngineLoad | None = None  # its latest load report
+    send_priority: bool = True  # requests carry the scheduler's key as their priority
     # counters for /v1/stats
     admitted: int = 0
     completed: int = 0
@@ -100,8 +108,14 @@ class EngineState:
         return self.config.node
 
     @property
-    def max_running(self) -> int:
+    def max_running(self) -> int | None:
+        """The cap it is configured with (None: none)."""
         return self.config.max_running
+
+    @property
+    def limit(self) -> float:
+        """Turns of the router's it runs at once without queueing them (`Capacity`)."""
+        return self.capacity.limit
 
     @property
     def lent(self) -> bool:
@@ -129,4 +143,5 @@ class EngineState:
         return t.context if t is not None and t.host == self.idx else 0
 
     def has_slot(self) -> bool:
-        return len(self.running) < self.max_running
+        """It would run one more turn at once rather than queue it."""
+        return self.alive and len(self.running) < self.capacity.limit

@@ -8,6 +8,9 @@ whose engine fails goes back to QUEUED or HELD and later resumes with prompt + g
 asking only for the tokens still missing; the tokens and logprobs received so far stay with
 it. `TRANSITIONS` is the whole graph; each state change is a method of the turn, and a
 change the graph does not allow raises `TurnStateError`.
+
+A turn keeps the time it has waited in the router (held or queued, over all its attempts):
+once that reaches the router's bound it is `aged` and runs next (`Key`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "TRANSITIONS",
+    "Key",
     "LogprobSpec",
     "PromptLogprob",
     "TokenLogprob",
@@ -59,6 +63,12 @@ TRANSITIONS: Mapping[TurnState, frozenset[TurnState]] = {
     S.FINISHED: frozenset(),
     S.FAILED: frozenset(),
 }
+
+
+Key = tuple[int, int, float]
+"""A waiting turn's rank, lower first: the client's priority class, then 0 for a turn that has
+waited its bound (aged) and 1 for any other, then the scheduler's key (aged: the turn's
+arrival, so that aged turns run oldest first)."""
 
 
 class TurnStateError(RuntimeError):
@@ -136,7 +146,10 @@ class Turn:
     state: TurnState = TurnState.NEW
     engine: EngineState | None = None
     attempt: int = 0
-    key: tuple[int, float] = (0, 0.0)  # (client priority class, scheduler key): lower first
+    key: Key = (0, 1, 0.0)  # its rank while it waits: lower first
+    aged: bool = False  # it has waited the router's bound: it runs next
+    waited_s: float = 0.0  # time it waited in the router before its current wait
+    wait_since: float | None = None  # when its current wait began (None: not waiting)
     seq: int = field(default_factory=lambda: next(_seqs))
     choice: int = 0  # its index among the n samples of its request
     started_s: float | None = None  # first admission (queueing delay ends)
@@ -149,6 +162,11 @@ class Turn:
     error_status: int = 502
     preemptions: int = 0
     failovers: int = 0
+    # why its next attempt goes where it goes (what a prefill again there is counted as):
+    # "placement", "migration", "late_binding", "preemption" or "failover"
+    bound: str = "placement"
+    computed: int = 0  # tokens of its sequence an engine computed before (an attempt that stopped)
+    attempt_s: float = 0.0  # when its current attempt started
     cached_tokens: int = 0
     version: int | None = None  # weight version of the engine that produced its last tokens
     routed_experts: Any = None  # the last attempt's, when asked (SGLang engines)
@@ -181,6 +199,10 @@ class Turn:
     def ended(self) -> bool:
         return self.state.ended
 
+    def waited(self, now: float) -> float:
+        """Time it has waited in the router, all attempts together, up to `now`."""
+        return self.waited_s + (now - self.wait_since if self.wait_since is not None else 0.0)
+
     def rid(self) -> str:
         """The engine-side id of the current attempt: one request, named exactly."""
         return f"{self.traj.traj_id}-{self.index}-{self.attempt}-{self.seq}"
@@ -208,23 +230,36 @@ class Turn:
             raise TurnStateError(f"turn {self.rid()}: {self.state.name} -> {state.name}")
         self.state = state
 
-    def hold(self) -> None:
+    def hold(self, now: float) -> None:
         """No engine can take it now: it waits in the router, bound to none."""
         self._to(TurnState.HELD)
         self.engine = None
+        self._wait(now)
 
-    def queue(self, engine: EngineState, key: tuple[int, float]) -> None:
+    def queue(self, engine: EngineState, key: Key, now: float) -> None:
         """It waits in `engine`'s queue, ordered by `key`."""
         self._to(TurnState.QUEUED)
         self.engine = engine
         self.key = key
+        self._wait(now)
 
     def run(self, now: float) -> int:
         """An attempt starts at its engine; returns the attempt's number."""
         self._to(TurnState.RUNNING)
         if self.started_s is None:
             self.started_s = now
+        self.attempt_s = now
+        self._stop_waiting(now)
         return self.attempt
+
+    def _wait(self, now: float) -> None:
+        if self.wait_since is None:
+            self.wait_since = now
+
+    def _stop_waiting(self, now: float) -> None:
+        if self.wait_since is not None:
+            self.waited_s += now - self.wait_since
+            self.wait_since = None
 
     def interrupt(self) -> str:
         """The running attempt stops (preemption, failover, abort): later events of that
@@ -247,6 +282,7 @@ class Turn:
         else:
             self._to(TurnState.FINISHED)
             self.finish_reason = self.finish_reason or "stop"
+        self._stop_waiting(now)
         self.ended_s = now
         if self.updates is not None:
             self.updates.put_nowait(None)
