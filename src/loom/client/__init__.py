@@ -2,8 +2,8 @@
 
 from loom.client.actions import ActionClient, ActionError, AsyncActionClient
 from loom.client.cluster import ClusterClient, ClusterError, phase, phase_of
-from loom.client.relay import RelayClient
 from loom.client.rollout import RolloutClient, TrajectoryHandle
+from loom.runtime.relay.client import RelayClient
 
 __all__ = [
     "ActionClient",

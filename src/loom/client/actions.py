@@ -21,7 +21,13 @@ from typing import Any
 
 import httpx
 
-from loom.client._http import AsyncHttpClient, HttpClient, ServiceError, checked, fastapi_detail
+from loom.runtime.http_client import (
+    AsyncHttpClient,
+    HttpClient,
+    ServiceError,
+    checked,
+    fastapi_detail,
+)
 
 __all__ = ["TERMINAL", "ActionClient", "ActionError", "AsyncActionClient"]
 

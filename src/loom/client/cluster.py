@@ -32,7 +32,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
-from loom.client._http import AsyncHttpClient, ServiceError, checked, fastapi_detail
+from loom.runtime.http_client import AsyncHttpClient, ServiceError, checked, fastapi_detail
 
 __all__ = [
     "ClusterClient",

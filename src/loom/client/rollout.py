@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from loom.client._http import AsyncHttpClient, ServiceError, checked
+from loom.runtime.http_client import AsyncHttpClient, ServiceError, checked
 
 __all__ = ["RolloutClient", "RolloutError", "TrajectoryHandle"]
 

@@ -141,7 +141,7 @@ def test_a_switch_loads_the_other_jobs_weights_whole(stack: dict[str, Any]) -> N
     loads the whole of the other's, and switching back finds the first where it was."""
     from transformers import AutoModelForCausalLM
 
-    from loom.client.relay import RelayClient
+    from loom.client import RelayClient
     from loom.runtime.relay.model_sync import WeightPublisher
 
     relay, engine, router = stack["relay"].url, stack["engine"], stack["router"].url

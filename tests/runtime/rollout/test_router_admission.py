@@ -20,7 +20,8 @@ from loom.runtime.rollout.admission import Capacity, engine_priority, slot_wait_
 from loom.runtime.rollout.driver import RolloutDriver
 from loom.runtime.rollout.engines import EngineClient, EngineLoad, sglang_load, vllm_load
 from loom.runtime.rollout.standin import write_standin_profile
-from loom.runtime.rollout.turn import Turn, TurnRequest
+from loom.runtime.rollout.state import Turn
+from loom.runtime.rollout.turn import TurnRequest
 
 
 def _stream(r: Rig, key: str, prompt: list[int], n: int, seen: threading.Event) -> None:

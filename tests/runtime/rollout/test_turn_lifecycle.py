@@ -28,10 +28,10 @@ from loom.runtime.rollout.config import EngineConfig, EngineKind, RolloutServerC
 from loom.runtime.rollout.driver import RolloutDriver
 from loom.runtime.rollout.engines import EngineClient
 from loom.runtime.rollout.standin import next_token, token_logprob
+from loom.runtime.rollout.state import Turn
 from loom.runtime.rollout.turn import (
     TRANSITIONS,
     LogprobSpec,
-    Turn,
     TurnRequest,
     TurnState,
     TurnStateError,

@@ -840,8 +840,8 @@ class _Worker:
         """Publish the serving weights to the relay; then every engine named loads them."""
         from dataclasses import asdict as as_dict
 
-        from loom.client.relay import RelayClient
         from loom.runtime.engine.weight_sync import EngineRef, sync_engines
+        from loom.runtime.relay.client import RelayClient
         from loom.runtime.relay.model_sync import WeightPublisher
 
         t0 = time.perf_counter()

@@ -48,7 +48,7 @@ class WeightSync:
         """`request` (JSON): `relay` (URL), `job` (whose weights), `version` (to load),
         `member` (the engine's name at the relay), `token` (the relay's, if any). Loads the
         job's weights at that version; returns what it pulled and how long it took."""
-        from loom.client.relay import RelayClient
+        from loom.runtime.relay.client import RelayClient
         from loom.runtime.relay.model_sync import WeightFollower
 
         req = json.loads(request)

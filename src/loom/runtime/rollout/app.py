@@ -41,8 +41,8 @@ from loom.runtime.rollout.protocol import (
     render_full,
     trajectory_key,
 )
-from loom.runtime.rollout.state import EngineState
-from loom.runtime.rollout.turn import Turn, TurnState
+from loom.runtime.rollout.state import EngineState, Turn
+from loom.runtime.rollout.turn import TurnState
 
 __all__ = ["DRIVER", "create_app"]
 

@@ -19,7 +19,8 @@ carries a turn across a failed or stalled engine to another one, so accepted wor
 lost while one engine lives. An engine's own deliberate abort, and `abort`, end a turn with
 what it generated, marked abort.
 
-A turn's lifecycle is `turn.Turn`'s state machine; `_end` is the one place a turn ends.
+A turn's lifecycle is `state.Turn`'s state machine (`turn.TRANSITIONS`); `_end` is the one
+place a turn ends.
 Engines (registration, versions, health) are `EngineRegistry`'s.
 
 Placement: the router picks each turn's engine (`route`); at the end of a turn, while the
@@ -73,9 +74,9 @@ from loom.runtime.rollout.engines import (
 from loom.runtime.rollout.metrics import RouterMetrics
 from loom.runtime.rollout.prediction import OnlinePredictor, pending_spec
 from loom.runtime.rollout.registry import ClientFactory, EngineRegistry, UnknownEngine
-from loom.runtime.rollout.state import EngineState, Trajectory, TurnRecord
+from loom.runtime.rollout.state import EngineState, Trajectory, Turn, TurnRecord
 from loom.runtime.rollout.tokenizer import LocalTokenizer, load_tokenizer
-from loom.runtime.rollout.turn import Key, Turn, TurnRequest, TurnState
+from loom.runtime.rollout.turn import Key, TurnRequest, TurnState
 
 __all__ = [
     "BatchEntry",

@@ -36,7 +36,8 @@ from loom.runtime.rollout.fields import (
     Use,
     structured_support,
 )
-from loom.runtime.rollout.turn import LogprobSpec, Turn, TurnRequest
+from loom.runtime.rollout.state import Turn
+from loom.runtime.rollout.turn import LogprobSpec, TurnRequest
 
 __all__ = [
     "BadRequest",
