@@ -490,8 +490,8 @@ class StandinEngine:
             last["output_ids"] = list(r.generated)
             return web.json_response(last)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
         try:
+            await resp.prepare(request)
             while (item := await r.out.get()) is not None:
                 if self.fault == "crash":
                     assert request.transport is not None
@@ -499,12 +499,14 @@ class StandinEngine:
                     return resp
                 await resp.write(b"data: " + json.dumps(item).encode() + b"\n\n")
             await resp.write(b"data: [DONE]\n\n")
-        except (asyncio.CancelledError, ConnectionResetError):
+        except (asyncio.CancelledError, ConnectionResetError) as exc:
             if r.finish is None:  # the client went away: abort, as SGLang does
                 self.aborted.append(r.rid)
                 r.finish = {"type": "abort"}
                 self._end(r)
-            raise
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            return resp  # (a vanished client is no error of the engine's: nothing logged)
         return resp
 
 
