@@ -33,8 +33,9 @@ def test_rose_fig9_dual_slo_holds_the_tpot_tail_that_ttft_only_loses() -> None:
 
 def test_plexrl_fig8_spread_backfill_drains_first_and_delays_least() -> None:
     """PlexRL Fig. 8: every sharing policy drains the trace before Isolated, Spread+Backfill
-    no later than the others (paper 0.56x Isolated), with the lowest median queueing delay (ties allowed). Pack against Spread
-    is not checked: the model does not reproduce the paper's order (docs/differences.md)."""
+    no later than the others (paper 0.56x Isolated), with the lowest median queueing delay
+    (ties allowed). Pack against Spread is not checked: the model does not reproduce the
+    paper's order (docs/differences.md)."""
     rows = {
         r["policy"]: r
         for r in plexrl.fig8_records(SEED, jobs=40, groups=4, load=plexrl.FIG8_LOAD)

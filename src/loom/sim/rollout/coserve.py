@@ -388,11 +388,10 @@ class CoServingWorker(Worker):
             self._arm_serving()
             return
         m = 0
-        if k > 0:
-            if not self.s_active:
-                m = 1
-            else:
-                m = int((self.cfg.slo.tpot_s - t_dec) // r) if r > 0 else 1
+        if k > 0 and not self.s_active:
+            m = 1
+        elif k > 0:
+            m = int((self.cfg.slo.tpot_s - t_dec) // r) if r > 0 else 1
         if m > 0:
             dt = r + t_dec / m
             self._cycle = t_dec + m * r if self.s_active else math.inf
