@@ -34,6 +34,17 @@ def test_rose_fig9_dual_slo_holds_the_tpot_tail_that_ttft_only_loses() -> None:
     assert p99[AdmissionKind.DUAL_SLO] < p99[AdmissionKind.TTFT_ONLY], p99
 
 
+def test_rose_fig14_lent_gpus_shorten_the_rollout() -> None:
+    """ROSE App. E / Fig. 14: 16 lent GPUs shorten the 8B rollout (paper 1.69x). The step ends
+    with trajectories on the dedicated GPUs (docs/differences.md), so the gain is small."""
+    wl = ROSE_WORKLOADS["8b"]
+    rollout_s = {}
+    for n in (0, 16):
+        run = rose.train(wl, replace(rose.ROSE, lent_gpus=n), rose.Algo.GRPO, 1, seed=SEED)
+        rollout_s[n] = run.steps[0].rollout_s
+    assert rollout_s[16] < rollout_s[0], rollout_s
+
+
 def test_plexrl_fig8_spread_backfill_drains_first_and_delays_least() -> None:
     """PlexRL Fig. 8: every sharing policy drains the trace before Isolated, Spread+Backfill
     no later than the others (paper 0.56x Isolated), with the lowest median queueing delay
