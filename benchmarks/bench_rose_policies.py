@@ -13,6 +13,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
+from loom.core.rng import stream
 from loom.rollout.rose import (
     AdmissionKind,
     ElasticRouter,
@@ -26,7 +27,6 @@ from loom.rollout.rose import (
     tpot_slack_s,
     ttft_slack_s,
 )
-from loom.core.rng import stream
 
 
 @dataclass

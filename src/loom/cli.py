@@ -513,6 +513,43 @@ def _serve_rollout_on_ray(settings: RolloutServerConfig, ray_settings: dict[str,
         raise typer.Exit(1) from None
 
 
+run_app = typer.Typer(help="Run RL jobs through Loom's three levels.", no_args_is_help=True)
+app.add_typer(run_app, name="run")
+
+
+@run_app.command("grpo")
+def run_grpo(
+    config: Annotated[
+        Path | None, typer.Argument(help="TOML settings (default: the two-job example)")
+    ] = None,
+    steps: Annotated[int | None, typer.Option("--steps", help="GRPO steps per job")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="records, summary, plots")] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="seed of the whole run")] = None,
+    baseline: Annotated[
+        bool,
+        typer.Option(
+            "--baseline", help="without Loom's policies: least-load router, one job after another"
+        ),
+    ] = False,
+    compare: Annotated[
+        bool, typer.Option("--compare", help="run Loom's way, then the baseline; both reported")
+    ] = False,
+) -> None:
+    """GRPO on a task with a verifiable reward, through the cluster service (training), the
+    rollout router into vLLM engines whose weights follow training, and the action server's
+    sandbox (tools, rewards)."""
+    from loom.core.errors import ConfigError
+    from loom.rl.grpo.cli import main as grpo_main
+
+    try:
+        grpo_main(
+            config, steps=steps, out=out, seed=seed, baseline=baseline, compare=compare,
+            console=console,
+        )  # fmt: skip
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
 plan_app = typer.Typer(help="Plan resources for Loom's runtime.", no_args_is_help=True)
 app.add_typer(plan_app, name="plan")
 
@@ -616,6 +653,7 @@ def plan_example_history(
 
 @serve_app.command("engine")
 def serve_engine(
+    ctx: typer.Context,
     port: Annotated[int, typer.Option("--port", help="port to bind; 0 picks a free one")] = 0,
     host: Annotated[str, typer.Option("--host", help="address to bind")] = "127.0.0.1",
     max_running: Annotated[
@@ -640,6 +678,16 @@ def serve_engine(
             "give engines on one machine different cores: 'auto' puts each on the first",
         ),
     ] = "auto",
+    model: Annotated[
+        Path | None,
+        typer.Option("--model", help="serve this Hugging Face model directory instead"),
+    ] = None,
+    weight_sync: Annotated[
+        bool,
+        typer.Option(
+            "--weight-sync", help="load new weights from the relay without a restart (sync_weights)"
+        ),
+    ] = False,
     config: ConfigOption = None,
     token: TokenOption = None,
     allow_open: AllowOpenOption = False,
@@ -657,7 +705,7 @@ def serve_engine(
 
     try:
         settings: dict[str, Any] = _read_table(config) if config is not None else {}
-        settings |= dict(
+        given = dict(
             host=host,
             port=port,
             max_running=max_running,
@@ -667,7 +715,16 @@ def serve_engine(
             cpus=cpus,
             token=token,
             allow_open=allow_open,
+            model=model,
+            weight_sync=weight_sync,
         )
+        # a flag left at its default does not override the file's setting
+        flag_of = {"gpu_memory_utilization": "memory"}
+        for key, value in given.items():
+            # NOTE: by name: typer carries its own copy of click's ParameterSource
+            source = ctx.get_parameter_source(flag_of.get(key, key))
+            if key not in settings or getattr(source, "name", "") != "DEFAULT":
+                settings[key] = value
         unknown = set(settings) - {f.name for f in dataclasses.fields(EngineConfig)}
         if unknown:
             raise ConfigError(f"unknown engine settings {sorted(unknown)}")
@@ -684,7 +741,7 @@ def serve_engine(
     with engine:
         console.log(
             f"[bold]loom engine[/bold] on [link]{engine.url}[/link] — model"
-            f" {engine.model_name}, max running {max_running}, log {engine.log_path}"
+            f" {engine.model_name}, max running {cfg.max_running}, log {engine.log_path}"
         )
         console.print(engine.url, highlight=False)
         try:

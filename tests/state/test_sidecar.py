@@ -8,10 +8,13 @@ let go."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import socket
 import threading
 import time
 from collections.abc import Callable
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +28,6 @@ from loom.state.sidecar import (  # noqa: E402
     StateClient,
     StateError,
     StateSidecar,
-    _send_frame,
 )
 from loom.state.weights.params import ParamSpec, ShardRule  # noqa: E402
 
@@ -109,9 +111,11 @@ def test_a_stranger_is_dropped_unread_and_a_missing_rank_is_named(tmp_path: Path
             StateClient(sc.address, b"not the token" * 2, timeout_s=5)
         raw = socket.socket(socket.AF_UNIX)
         raw.connect(sc.address)
-        _send_frame(raw, b"\x00" * 64)  # no answer to the challenge
-        _send_frame(raw, b"cos\nsystem\n(S'touch /tmp/pwned'\ntR.")  # never unpickled
-        raw.close()
+        with Connection(raw.detach()) as stranger:
+            stranger.recv_bytes()  # the challenge
+            stranger.send_bytes(b"\x00" * 64)  # no answer to it
+            with contextlib.suppress(OSError):
+                stranger.send_bytes(b"cos\nsystem\n(S'touch /tmp/pwned'\ntR.")  # never unpickled
         with sc.client() as c:
             with pytest.raises(StateError, match=r"ranks \[1\] never came"):
                 c.offload("solo", 0, 2, 0, state_of("s", 2))
@@ -142,12 +146,16 @@ def test_the_token_never_crosses_the_wire_and_an_impostor_sidecar_is_caught(
     listener.listen(1)
     seen: list[bytes] = []
 
-    def impostor() -> None:  # sends a challenge, keeps what comes, proves nothing
-        conn, _ = listener.accept()
-        _send_frame(conn, b"\x01" * 32)
-        seen.append(conn.recv(4096))
-        _send_frame(conn, b"\x00" * 32)
-        conn.close()
+    def impostor() -> None:  # challenges, keeps the answer, welcomes it, proves nothing
+        sock, _ = listener.accept()
+        with Connection(sock.detach()) as conn:
+            conn.send_bytes(b"#CHALLENGE#" + os.urandom(20))
+            seen.append(conn.recv_bytes())
+            conn.send_bytes(b"#WELCOME#")
+            conn.recv_bytes()  # the peer's challenge
+            conn.send_bytes(b"\x00" * 16)
+            with contextlib.suppress(EOFError, OSError):
+                conn.recv_bytes()
 
     t = threading.Thread(target=impostor)
     t.start()

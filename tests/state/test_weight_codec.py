@@ -1,5 +1,6 @@
 """The sparse-delta codec: bit-exact round trips, its size formula and dense switch, identical
-bytes from numpy and torch, versions enforced, and bad or corrupt input refused."""
+bytes from numpy and torch, float32 as well as bf16, versions enforced, and bad or corrupt input
+refused."""
 
 from __future__ import annotations
 
@@ -225,7 +226,11 @@ def test_corrupt_header_fields_say_what_is_wrong() -> None:
 def test_bad_tensors_are_refused() -> None:
     x = np.zeros((2, 3), np.uint16)
     with pytest.raises(ConfigError, match="uint16 bits"):
-        encode(x.astype(np.float32), version=1)
+        encode(x.astype(np.float64), version=1)
+    with pytest.raises(ConfigError, match="new holds BF16, old F32"):
+        encode(x, old=x.astype(np.float32), version=1, base_version=0)
+    with pytest.raises(ConfigError, match="blob holds F32 elements, the tensor BF16 ones"):
+        apply(encode(x.astype(np.float32), version=1), x, current_version=None)
     with pytest.raises(ConfigError, match="numpy uint16 array or a torch"):
         encode([1, 2], version=1)
     with pytest.raises(ConfigError, match=r"shape \(2, 3\) but old has shape \(3, 2\)"):
@@ -331,8 +336,8 @@ def test_mixed_backends_are_refused() -> None:
     new = old.copy()
     with pytest.raises(ConfigError, match="new is a torch tensor but old is a numpy one"):
         encode(as_torch(new), old=old, version=1, base_version=0)
-    with pytest.raises(ConfigError, match=r"torch\.bfloat16"):
-        encode(torch.zeros(3), version=1)
+    with pytest.raises(ConfigError, match=r"torch\.bfloat16 or torch\.float32"):
+        encode(torch.zeros(3, dtype=torch.float64), version=1)
 
 
 @pytest.mark.torch
@@ -345,3 +350,52 @@ def test_float32_to_bf16_matches_torch_except_nan(raw: np.ndarray) -> None:
     theirs = torch.from_numpy(x.copy()).to(torch.bfloat16).view(torch.int16).numpy()
     keep = ~np.isnan(x)
     assert np.array_equal(ours[keep], theirs.view(np.uint16)[keep])
+
+
+@st.composite
+def float32_pairs(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, int]:
+    """`(old, new, nnz)` float32 arrays (raw bit patterns: NaNs, ±0 and subnormals too)."""
+    old_bits, new_bits, nnz = draw(weight_pairs())
+    widen = np.uint32(0x10001)  # each 16-bit pattern in both halves: every float32 class
+    return (
+        (old_bits.astype(np.uint32) * widen).view(np.float32),
+        (new_bits.astype(np.uint32) * widen).view(np.float32),
+        nnz,
+    )
+
+
+@settings(max_examples=100, deadline=None)
+@given(float32_pairs(), thresholds)
+def test_float32_round_trips_bit_exact_and_sized_by_formula(
+    pair: tuple[np.ndarray, np.ndarray, int], threshold: float
+) -> None:
+    old, new, nnz = pair
+    blob = encode(new, old=old, version=4, base_version=3, dense_threshold=threshold)
+    sparse = read_header(blob).encoding is Encoding.SPARSE
+    assert len(blob) == header_nbytes(new.ndim) + (8 * nnz if sparse else 4 * new.size)
+    assert len(blob) == encoded_nbytes(
+        new.shape, nnz, dense_threshold=threshold, dtype=read_header(blob).dtype
+    )
+    out = apply(blob, old, current_version=3)
+    assert out.dtype == np.float32 and np.array_equal(out.view(np.uint32), new.view(np.uint32))
+    assert count_changed(new, old) == nnz
+    dense = decode(encode(new, version=4))
+    assert np.array_equal(dense.view(np.uint32), new.view(np.uint32))
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("kernels", [False, True], ids=["numpy-kernels", "torch-kernels"])
+def test_float32_torch_parameters_take_deltas_in_place(kernels: bool) -> None:
+    torch = pytest.importorskip("torch", reason="needs the torch extra")
+    gen = torch.Generator().manual_seed(0)
+    old = torch.randn(6, 8, generator=gen)
+    new = old.clone()
+    new[1:3, 2:5] += 0.001
+    with torch_kernels(kernels):
+        blob = encode(new, old=old, version=1, base_version=0)
+        assert blob == encode(new.numpy(), old=old.numpy(), version=1, base_version=0)
+        assert read_header(blob).nnz == 6
+        weight = torch.nn.Parameter(old.clone())
+        apply(blob, weight, current_version=0, inplace=True)
+        assert torch.equal(weight.detach(), new)
+        assert torch.equal(decode(encode(new, version=1), backend="torch"), new)

@@ -97,21 +97,26 @@ class JobHandle:
         role: str = "actor",
         *,
         dp: int = 1,
-        model: str = "tiny",  # the built-in decoder: the one model a deployment runs today
+        model: str = "tiny",
+        model_options: dict[str, Any] | None = None,
         group: int | None = None,
         seed: int = 0,
         trace: dict[str, Any] | None = None,
         estimates: dict[str, float] | None = None,
     ) -> DeploymentHandle:
-        """Start a deployment: on `group` if named, else where a profiled `trace` fits
-        (PlexRL's placement), else on a group of its own while one is free. `estimates`:
-        profiled seconds per operation kind, the scheduler's guess until it has measured."""
+        """Start a deployment of `model`: "tiny" (the built-in decoder), a local Hugging Face
+        model directory, or a worker class "module:Class" (`loom.runtime.cluster.models.
+        ModelWorker`) built with `model_options`. On `group` if named, else where a profiled
+        `trace` fits (PlexRL's placement), else on a group of its own while one is free.
+        `estimates`: profiled seconds per operation kind, the scheduler's guess until it has
+        measured."""
         body = {
             "job_id": self.job_id,
             "role": role,
             "model": model,
             "layout": {"dp": dp},
             "seed": seed,
+            **({"model_options": model_options} if model_options is not None else {}),
             **({"group": group} if group is not None else {}),
             **({"trace": trace} if trace is not None else {}),
             **({"estimates": estimates} if estimates is not None else {}),

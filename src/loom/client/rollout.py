@@ -88,9 +88,11 @@ class RolloutClient(AsyncHttpClient):
         sampling_params: Mapping[str, Any] | None = None,
         *,
         trajectory_id: str | None = None,
+        **fields: Any,
     ) -> dict[str, Any]:
-        """SGLang's native `/generate`, token in and token out."""
-        body = {"input_ids": input_ids, "sampling_params": dict(sampling_params or {})}
+        """SGLang's native `/generate`, token in and token out; `fields` are more of its
+        body's (`return_logprob`, `logprob_start_len`, ...)."""
+        body = {"input_ids": input_ids, "sampling_params": dict(sampling_params or {}), **fields}
         return await self._post("/generate", body, trajectory_id)
 
 
@@ -125,6 +127,11 @@ class TrajectoryHandle:
         return await self.client.chat(messages, trajectory_id=self.id, **params)
 
     async def generate(
-        self, input_ids: list[int], sampling_params: Mapping[str, Any] | None = None
+        self,
+        input_ids: list[int],
+        sampling_params: Mapping[str, Any] | None = None,
+        **fields: Any,
     ) -> dict[str, Any]:
-        return await self.client.generate(input_ids, sampling_params, trajectory_id=self.id)
+        return await self.client.generate(
+            input_ids, sampling_params, trajectory_id=self.id, **fields
+        )

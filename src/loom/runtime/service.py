@@ -23,6 +23,7 @@ from loom.runtime.access import UNAUTHORIZED, authorized, is_loopback, is_open
 __all__ = [
     "GRACEFUL_S",
     "BackgroundApp",
+    "BackgroundService",
     "BearerToken",
     "BodyLimit",
     "DriverServer",
@@ -198,32 +199,38 @@ class DriverServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-class BackgroundApp:
-    """A FastAPI service in a daemon thread on a socket bound first (`port` 0: a free one);
-    a context manager. `app.state.driver` stays readable after `stop`."""
+class BackgroundService:
+    """A service in a daemon thread on a socket bound first (`port` 0: a free one); a context
+    manager. One helper whatever the web framework: a subclass says how it serves
+    (`_serve`, in the thread), when it has started and how it is asked to stop."""
 
-    def __init__(
-        self, app: FastAPI, host: str, port: int, *, name: str, log_level: str = "warning"
-    ) -> None:
-        self.app = app
+    def __init__(self, host: str, port: int, *, name: str) -> None:
         self.name = name
-        self._sock, bound_host, bound_port = bind(host, port)
-        self.url = f"http://{bound_host}:{bound_port}"
-        config = uvicorn_config(self.app, bound_host, bound_port, log_level)
-        self._server = DriverServer(config, self.app)
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._sock, self.host, self.port = bind(host, port)
+        self.url = f"http://{self.host}:{self.port}"
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._error: BaseException | None = None
 
-    def _run(self) -> None:
+    def _serve(self) -> None:
+        """Serve on `self._sock` until `_request_stop`."""
+        raise NotImplementedError
+
+    def _started(self) -> bool:
+        raise NotImplementedError
+
+    def _request_stop(self) -> None:
+        raise NotImplementedError
+
+    def _main(self) -> None:
         try:
-            self._server.run(sockets=[self._sock])
+            self._serve()
         except BaseException as exc:  # surfaced by start()/stop()
             self._error = exc
 
     def start(self, timeout_s: float = 30.0) -> Self:
         self._thread.start()
         deadline = time.monotonic() + timeout_s
-        while not self._server.started:
+        while not self._started():
             if not self._thread.is_alive() or time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"the {self.name} did not start: {self._error!r}")
@@ -231,8 +238,8 @@ class BackgroundApp:
         return self
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        self._server.should_exit = True
         if self._thread.is_alive():
+            self._request_stop()
             self._thread.join(timeout_s)
         self._sock.close()
         assert not self._thread.is_alive(), f"the {self.name} did not stop"
@@ -247,3 +254,25 @@ class BackgroundApp:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+class BackgroundApp(BackgroundService):
+    """A FastAPI service under uvicorn in the background; `app.state.driver` stays readable
+    after `stop`."""
+
+    def __init__(
+        self, app: FastAPI, host: str, port: int, *, name: str, log_level: str = "warning"
+    ) -> None:
+        super().__init__(host, port, name=name)
+        self.app = app
+        config = uvicorn_config(self.app, self.host, self.port, log_level)
+        self._server = DriverServer(config, self.app)
+
+    def _serve(self) -> None:
+        self._server.run(sockets=[self._sock])
+
+    def _started(self) -> bool:
+        return bool(self._server.started)
+
+    def _request_stop(self) -> None:
+        self._server.should_exit = True

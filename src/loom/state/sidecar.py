@@ -23,11 +23,12 @@ migration between nodes, optionally TCP):
 Copies and every call on the StateManager run on one data-plane thread, in arrival order; the
 event loop only frames messages and gathers the ranks of a collective call.
 
-Messages are length-prefixed pickles, and a connection is trusted only once both sides have
-proved they know the sidecar's token without sending it (HMAC-SHA256 over a nonce from each
-side, checked in constant time), so nothing from an unauthenticated peer is ever unpickled
-and no peer talks to a sidecar that is not the one it was given. The socket lives in a
-private 0700 directory.
+Messages are pickles framed by `multiprocessing.connection` (the framing the worker groups
+use too), and a connection is trusted only once both sides have proved they know the
+sidecar's token without sending it (its challenge and answer, each way: HMAC over a random
+message, HMAC-MD5 on Python 3.11 and HMAC-SHA256 from 3.12), so nothing from an
+unauthenticated peer is ever unpickled and no peer talks to a sidecar that is not the one it
+was given. The socket lives in a private 0700 directory.
 """
 
 from __future__ import annotations
@@ -35,8 +36,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import hashlib
-import hmac
 import json
 import os
 import pickle
@@ -51,6 +50,8 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, field
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -63,11 +64,8 @@ from loom.state.tiers import Deferred, Tier, TierFull, nbytes
 __all__ = ["Loaded", "SidecarConfig", "StateClient", "StateError", "StateSidecar", "serve"]
 
 TOKEN_ENV = "LOOM_STATE_TOKEN"
-_HEADER = struct.Struct("!Q")
-_NONCE = 32
-_MAC = hashlib.sha256().digest_size
+_HANDSHAKE_S = 10.0  # a peer has this long to answer the challenge
 _ALIGN = 64  # every tensor in a shared-memory export starts on a 64-byte boundary
-_MAX_FRAME = 1 << 40
 
 
 class StateError(RuntimeError):
@@ -127,41 +125,22 @@ class SidecarConfig:
             raise ConfigError("copy_chunk_bytes and copy_streams must be >= 0")
 
 
-# ---- framing -------------------------------------------------------------------------------
+# ---- connections: multiprocessing.connection's framing and challenge over a socket -------
 
 
-def _mac(token: bytes, who: bytes, first: bytes, second: bytes) -> bytes:
-    return hmac.new(token, who + first + second, hashlib.sha256).digest()
+def _set_timeouts(sock: socket.socket, seconds: float | None) -> None:
+    """Reads and writes on `sock`'s descriptor give up after `seconds` (None: never), also
+    once it is a `Connection` (whose reads are os.read on the blocking descriptor)."""
+    whole = int(seconds or 0)
+    tv = struct.pack("ll", whole, int(((seconds or 0) - whole) * 1e6))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
 
 
-def _send_frame(sock: socket.socket, data: bytes) -> None:
-    sock.sendall(_HEADER.pack(len(data)) + data)
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = sock.recv_into(view[got:])
-        if k == 0:
-            raise StateError("the sidecar closed the connection")
-        got += k
-    return bytes(buf)
-
-
-def _recv_frame(sock: socket.socket, limit: int = _MAX_FRAME) -> bytes:
-    (n,) = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
-    if n > limit:
-        raise StateError(f"a frame of {n} bytes (at most {limit} here)")
-    return _recv_exact(sock, n)
-
-
-async def _read_frame(reader: asyncio.StreamReader) -> bytes:
-    (n,) = _HEADER.unpack(await reader.readexactly(_HEADER.size))
-    if n > _MAX_FRAME:
-        raise StateError(f"a frame of {n} bytes")
-    return await reader.readexactly(n)
+def _connection(sock: socket.socket, timeout_s: float | None) -> Connection:
+    sock.setblocking(True)
+    _set_timeouts(sock, timeout_s)
+    return Connection(sock.detach())
 
 
 # ---- exports: a worker's memory, mapped by the sidecar ----------------------------------------
@@ -365,50 +344,45 @@ class _Server:
         self.timings: dict[str, dict[str, float]] = {}
 
     # ---- connections ----------------------------------------------------------------------
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            if not await self._authenticate(reader, writer):
+    async def accept(self, listener: socket.socket) -> None:
+        """Take connections on `listener`, each served by a thread of its own (the framing is
+        blocking); the calls they carry run on this loop."""
+        loop = asyncio.get_running_loop()
+        while True:
+            sock, _ = await loop.sock_accept(listener)
+            conn = _connection(sock, _HANDSHAKE_S)
+            threading.Thread(
+                target=self._serve, args=(conn, loop), name="loom-state-conn", daemon=True
+            ).start()
+
+    def _serve(self, conn: Connection, loop: asyncio.AbstractEventLoop) -> None:
+        with conn:
+            try:
+                # the sidecar challenges first, then answers the peer's challenge
+                deliver_challenge(conn, self.token)
+                answer_challenge(conn, self.token)
+            except (AuthenticationError, AssertionError, OSError, EOFError):
                 return  # not ours: nothing more of it is read, nothing it sent is unpickled
+            with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+                _set_timeouts(sock, None)  # a rank waits in a collective as long as it takes
             while True:
                 try:
-                    frame = await _read_frame(reader)
-                except asyncio.IncompleteReadError:
+                    frame = conn.recv_bytes()
+                except (EOFError, OSError):
                     return
-                req = pickle.loads(frame)
                 try:
-                    reply = {"result": await self.dispatch(req)}
-                except Exception as exc:  # every refusal goes back to the caller, with its kind
-                    reply = {"error": str(exc), "kind": type(exc).__name__}
-                data = pickle.dumps(reply, protocol=5)
-                writer.write(_HEADER.pack(len(data)) + data)
-                await writer.drain()
-        except (ConnectionError, TimeoutError, asyncio.IncompleteReadError, StateError):
-            return
-        except asyncio.CancelledError:
-            return  # the sidecar is shutting down
-        finally:
-            writer.close()
+                    reply = asyncio.run_coroutine_threadsafe(self._answer(frame), loop).result()
+                    conn.send_bytes(reply)
+                except (concurrent.futures.CancelledError, RuntimeError, OSError):
+                    return  # the sidecar is shutting down, or the peer went
 
-    async def _authenticate(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> bool:
-        """Both sides prove they know the token without sending it (a challenge each way):
-        the sidecar sends a nonce; the peer answers with its own nonce and a MAC of both;
-        the sidecar checks it and proves itself with a MAC the other way round."""
-        ours = secrets.token_bytes(_NONCE)
-        writer.write(_HEADER.pack(len(ours)) + ours)
-        await writer.drain()
-        (n,) = _HEADER.unpack(await asyncio.wait_for(reader.readexactly(_HEADER.size), 10))
-        if n != _NONCE + _MAC:
-            return False
-        answer = await asyncio.wait_for(reader.readexactly(n), 10)
-        theirs, mac = answer[:_NONCE], answer[_NONCE:]
-        if not hmac.compare_digest(mac, _mac(self.token, b"peer", ours, theirs)):
-            return False
-        proof = _mac(self.token, b"sidecar", theirs, ours)
-        writer.write(_HEADER.pack(len(proof)) + proof)
-        await writer.drain()
-        return True
+    async def _answer(self, frame: bytes) -> bytes:
+        req = pickle.loads(frame)
+        try:
+            reply = {"result": await self.dispatch(req)}
+        except Exception as exc:  # every refusal goes back to the caller, with its kind
+            reply = {"error": str(exc), "kind": type(exc).__name__}
+        return pickle.dumps(reply, protocol=5)
 
     async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._plane, fn, *args)
@@ -466,7 +440,8 @@ class _Server:
         )
 
     async def _on_shutdown(self, req: dict[str, Any]) -> Any:
-        self._stop.set()
+        # NOTE: stop a moment later, so that this answer reaches its caller first
+        asyncio.get_running_loop().call_later(0.1, self._stop.set)
         return True
 
     async def _collective(self, op: str, req: dict[str, Any]) -> Any:
@@ -672,14 +647,19 @@ def serve(address: str, cfg: SidecarConfig, token: bytes) -> None:
     server = _Server(sm, token, cfg, address)
 
     async def main() -> None:
-        unix = await asyncio.start_unix_server(server.handle, path=address)
+        unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        unix.bind(address)
         os.chmod(address, 0o600)
-        servers = [unix]
+        listeners = [unix]
         if cfg.tcp_host:
-            tcp = await asyncio.start_server(server.handle, cfg.tcp_host, 0)
-            host, port = tcp.sockets[0].getsockname()[:2]
+            tcp = socket.create_server((cfg.tcp_host, 0))
+            host, port = tcp.getsockname()[:2]
             server.tcp_address = f"tcp://{host}:{port}"
-            servers.append(tcp)
+            listeners.append(tcp)
+        for listener in listeners:
+            listener.listen(64)
+            listener.setblocking(False)
+        accepting = [asyncio.create_task(server.accept(s)) for s in listeners]
         loop = asyncio.get_running_loop()
         parent = os.getppid()
 
@@ -696,8 +676,10 @@ def serve(address: str, cfg: SidecarConfig, token: bytes) -> None:
         await server._stop.wait()
         if watch is not None:
             watch.cancel()
-        for s in servers:
-            s.close()
+        for task in accepting:
+            task.cancel()
+        for listener in listeners:
+            listener.close()
 
     orphaned = threading.Event()
     try:
@@ -743,43 +725,59 @@ class StateClient:
     once the sidecar has done it. `address` is a socket path, or tcp://host:port."""
 
     def __init__(self, address: str, token: bytes, timeout_s: float | None = None) -> None:
-        self.address = address
+        self.address, self.timeout_s = address, timeout_s
         if address.startswith("tcp://"):
             host, port = address[len("tcp://") :].rsplit(":", 1)
-            self._sock = socket.create_connection((host, int(port)), timeout=timeout_s)
+            sock = socket.create_connection((host, int(port)), timeout=timeout_s)
         else:
-            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
-                self._sock.settimeout(timeout_s)
-                self._sock.connect(address)
+                sock.settimeout(timeout_s)
+                sock.connect(address)
             except OSError:
-                self._sock.close()
+                sock.close()
                 raise
+        self._conn = _connection(sock, timeout_s if timeout_s is not None else _HANDSHAKE_S)
         self._lock = threading.Lock()
         try:
             self._authenticate(token)
-        except (OSError, StateError):
-            self._sock.close()
+        except (OSError, EOFError, StateError):
+            self._conn.close()
             raise
+        if timeout_s is None:
+            with socket.socket(fileno=os.dup(self._conn.fileno())) as dup:
+                _set_timeouts(dup, None)
 
     def _authenticate(self, token: bytes) -> None:
-        """The peer's side of the challenge (see `_Server._authenticate`)."""
-        challenge = _recv_frame(self._sock, limit=_NONCE)
-        if len(challenge) != _NONCE:
-            raise StateError(f"{self.address} is not a Loom sidecar (no challenge)")
-        ours = secrets.token_bytes(_NONCE)
-        _send_frame(self._sock, ours + _mac(token, b"peer", challenge, ours))
+        """Answer the sidecar's challenge, then challenge it (`multiprocessing.connection`)."""
         try:
-            proof = _recv_frame(self._sock, limit=_MAC)
-        except StateError:
+            answer_challenge(self._conn, token)
+        except AssertionError:  # (3.11 asserts that the first message is a challenge)
+            raise StateError(f"{self.address} is not a Loom sidecar (no challenge)") from None
+        except AuthenticationError as exc:
+            if "rejected" in str(exc):
+                raise StateError(f"the sidecar at {self.address} refused the token") from None
+            raise StateError(f"{self.address} is not a Loom sidecar ({exc})") from None
+        except EOFError:
             raise StateError(f"the sidecar at {self.address} refused the token") from None
-        if not hmac.compare_digest(proof, _mac(token, b"sidecar", ours, challenge)):
-            raise StateError(f"the sidecar at {self.address} did not prove it knows the token")
+        try:
+            deliver_challenge(self._conn, token)
+        except (AuthenticationError, EOFError):
+            raise StateError(
+                f"the sidecar at {self.address} did not prove it knows the token"
+            ) from None
 
     def call(self, op: str, **kw: Any) -> Any:
         with self._lock:
-            _send_frame(self._sock, pickle.dumps({"op": op, **kw}, protocol=5))
-            reply = pickle.loads(_recv_frame(self._sock))
+            try:
+                self._conn.send_bytes(pickle.dumps({"op": op, **kw}, protocol=5))
+                reply = pickle.loads(self._conn.recv_bytes())
+            except BlockingIOError:  # the descriptor's timeout (SO_RCVTIMEO) ran out
+                raise TimeoutError(
+                    f"the sidecar at {self.address} did not answer {op} in {self.timeout_s} s"
+                ) from None
+            except EOFError:
+                raise StateError("the sidecar closed the connection") from None
         if "error" in reply:
             kind = str(reply.get("kind", "StateError"))
             raise _remote_error(kind, f"sidecar {op}: {kind}: {reply['error']}")
@@ -846,7 +844,7 @@ class StateClient:
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
-            self._sock.close()
+            self._conn.close()
 
     def __enter__(self) -> StateClient:
         return self

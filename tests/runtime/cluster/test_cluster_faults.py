@@ -239,7 +239,7 @@ def test_a_dead_sidecar_fails_its_nodes_deployments_and_a_new_one_starts(tmp_pat
         api = Api(service.url)
         resident, offloaded = api.deploy("x"), api.deploy("y")
         api.ok(api.submit(resident, "forward", ids=BATCH))
-        sidecar = service.app.state.driver._sidecars[0]
+        sidecar = service.app.state.driver.launcher.sidecar(0)
         os.kill(sidecar.pid, signal.SIGKILL)
         deadline = time.monotonic() + 60
         while {api.dep(d)["status"] for d in (resident, offloaded)} != {"failed"}:
@@ -248,7 +248,7 @@ def test_a_dead_sidecar_fails_its_nodes_deployments_and_a_new_one_starts(tmp_pat
         assert f"sidecar (pid {sidecar.pid}) exited (-9)" in api.dep(offloaded)["error"]
         fresh = api.deploy("z")
         api.ok(api.submit(fresh, "forward", ids=BATCH))
-        assert service.app.state.driver._sidecars[0].pid != sidecar.pid
+        assert service.app.state.driver.launcher.sidecar(0).pid != sidecar.pid
         api.http.close()
 
 

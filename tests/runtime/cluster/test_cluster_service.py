@@ -130,7 +130,9 @@ def test_bad_input_is_refused_with_a_reason(service) -> None:
         ("post", f"/v1/deployments/{dep}/migrate", {"group": 3}, 400, "no node group 3"),
         ("delete", "/v1/jobs/ghost", None, 404, "no deployment of job"),
         ("post", "/v1/deployments", {"job_id": "q", "model": "Qwen/Qwen3-8B"}, 400,
-         "model 'Qwen/Qwen3-8B' is not supported: a deployment runs the built-in tiny decoder"),
+         "model 'Qwen/Qwen3-8B' is neither 'tiny' (the built-in decoder), a worker class"),
+        ("post", "/v1/deployments", {"job_id": "q", "model": "no_such_pkg:Worker"}, 400,
+         "no module 'no_such_pkg' is importable here"),
         # payloads the model cannot run are refused at submission, saying what is wrong
         (*op, {"op": "forward_backward", "payload": {"ids": [[1, 2, 300], [1, 2, 3]]}}, 400,
          "token id 300 at row 0, position 2 is outside the model's vocabulary [0, 128)"),

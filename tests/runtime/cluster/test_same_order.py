@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from loom.cluster.plexrl.hrrs import OP_POLICIES, OpPolicyKind
 from loom.runtime.cluster.driver import ClusterDriver
+from loom.runtime.cluster.launchers import FactoryLauncher
 from loom.runtime.cluster.wpg import WorkerGroupConfig
 from loom.sim.cluster.plexrl import GroupJob, NodeGroupSimulator
 
@@ -48,6 +49,9 @@ class StandIn:
 
     def start(self) -> StandIn:
         return self
+
+    def check(self, op: str, payload: dict[str, Any]) -> None:
+        pass  # (its payloads are the runtime's own)
 
     def close(self) -> None:
         pass
@@ -99,7 +103,7 @@ def runtime_order(jobs: list[GroupJob], kind: OpPolicyKind) -> list[tuple[str, s
             policy=kind,
             clock=clock,
             default_switch_s=SETUP_S,
-            launch=lambda cfg: StandIn(cfg, clock, on_done),
+            launcher=FactoryLauncher(lambda cfg: StandIn(cfg, clock, on_done)),
         )
         for j in jobs:
             est = {KIND[name]: s for name, s in j.train_ops}
@@ -172,7 +176,10 @@ def test_finished_operations_are_remembered_up_to_retain_ops() -> None:
     async def main() -> None:
         clock = Clock()
         drv = ClusterDriver(
-            groups=1, clock=clock, retain_ops=3, launch=lambda cfg: StandIn(cfg, clock, _noop)
+            groups=1,
+            clock=clock,
+            retain_ops=3,
+            launcher=FactoryLauncher(lambda cfg: StandIn(cfg, clock, _noop)),
         )
         dep = await drv.create(job_id="j", model="tiny", role="actor", dp=1, group=0)
         ids = []

@@ -81,9 +81,7 @@ def rig() -> Iterator[Callable[..., Rig]]:
     yield make
     for r in made:
         r.http.close()
-        stuck = r.router.call(
-            lambda d: [t.key for t in d.trajectories.values() if t.active]
-        )
+        stuck = r.router.call(lambda d: [t.key for t in d.trajectories.values() if t.active])
         r.router.stop()
         assert not stuck, f"turns left in flight: {stuck}"
     for e in {id(e): e for e in [*spare, *(e for r in made for e in r.engines)]}.values():

@@ -112,7 +112,8 @@ def test_slimes_abort_loop_through_the_router(router: BackgroundRouter) -> None:
             "input_ids": [3, 4, 5],
         }
         futures = [pool.submit(http.post, "/generate", json=body) for _ in range(6)]
-        deadline = time.monotonic() + 120
+        # generous: two vLLM engines share two cores with the rest of the suite
+        deadline = time.monotonic() + 300
         while True:  # all six in flight (slime aborts what it has sent), some tokens out
             stats = http.get("/v1/stats").json()
             tokens = sum(e["tokens"] for e in stats["engines"].values())

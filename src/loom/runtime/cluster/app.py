@@ -7,10 +7,13 @@ Routes: `POST /v1/deployments`, `POST /v1/deployments/{id}/ops` (202 with an op 
 `POST /v1/deployments/{id}/migrate`, `DELETE /v1/jobs/{id}`, `GET /v1/stats`, `GET /v1/state`
 (what each node's StateManager sidecar holds), `GET /metrics`, `GET /healthz`.
 
-A payload the deployment's model cannot run (token ids outside its vocabulary, a ragged batch,
-a field of the wrong type or of no use to the operation) is a 400 naming the problem; so is a
-`model` other than the built-in one. An operation of a failed deployment is a 409 with why it
-failed.
+A deployment's `model` is "tiny" (the built-in decoder), a local Hugging Face model directory,
+or a worker class `module:Class` (`models.ModelWorker`), built with `model_options`. A model it
+cannot be is a 400; so is a payload the deployment's model cannot run (token ids outside its
+vocabulary, a ragged batch, a field of the wrong type or of no use to the operation), and a
+model the workers cannot build as named (not a ModelWorker, options it does not take); workers
+that fail to start otherwise are a 503 with their error. An operation of a failed deployment
+is a 409 with why it failed.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from loom.cluster.plexrl.timeline import HORIZON_SLOTS, Footprint
 from loom.core.errors import ConfigError, InvalidRequest
 from loom.runtime.access import Access
 from loom.runtime.cluster.driver import ClusterDriver
-from loom.runtime.cluster.payloads import BUILTIN_MODEL
+from loom.runtime.cluster.models.ref import BUILTIN_MODEL
 from loom.runtime.service import (
     BackgroundApp,
     BearerToken,
@@ -122,8 +125,12 @@ class _Deployment(BaseModel):
     model: str = Field(
         default=BUILTIN_MODEL,
         min_length=1,
-        max_length=128,
-        description=f"what it runs: only {BUILTIN_MODEL!r}, the built-in tiny decoder, today",
+        max_length=4096,
+        description=f"what it runs: {BUILTIN_MODEL!r} (the built-in tiny decoder), a local "
+        "Hugging Face model directory, or a worker class `module:Class`",
+    )
+    model_options: dict[str, Any] | None = Field(
+        default=None, description="keywords its worker class is built with (JSON values)"
     )
     role: Name = "actor"
     layout: _Layout = Field(default_factory=_Layout)
@@ -215,6 +222,7 @@ def create_app(config: ClusterConfig, driver: ClusterDriver | None = None) -> Fa
             seed=body.seed,
             trace=trace,
             estimates=body.estimates,
+            model_options=body.model_options,
         )
         return _deployment_view(dep)
 

@@ -37,7 +37,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -48,16 +48,18 @@ from loom.cluster.plexrl.hrrs import OP_POLICIES, Op, OpPolicyKind
 from loom.cluster.plexrl.placement import JobPlacement, PlacementConfig, PlexPlacement
 from loom.cluster.plexrl.timeline import HORIZON_SLOTS, Footprint, Timeline
 from loom.core.errors import ConfigError, Conflict, NotFound, Unavailable
-from loom.runtime.cluster.payloads import BUILTIN_MODEL, FAULT_OP
+from loom.runtime.cluster.launchers import Launcher, make_launcher
+from loom.runtime.cluster.models.ref import parse_model
+from loom.runtime.cluster.payloads import FAULT_OP
 from loom.runtime.cluster.wpg import (
     OPS,
     GroupBroken,
     RankFailed,
     WorkerError,
-    WorkerGroup,
     WorkerGroupConfig,
+    Workers,
 )
-from loom.state.sidecar import SidecarConfig, StateError, StateSidecar
+from loom.state.sidecar import SidecarConfig, StateError
 
 __all__ = [
     "ClusterDriver",
@@ -136,11 +138,12 @@ class Deployment:
     model: str
     role: str
     group: int
-    wpg: Any  # a WorkerGroup, or a RayWorkerGroup on a Ray cluster
+    wpg: Workers  # its worker group, however its ranks run
     seq: int = 0  # operations submitted (their order within the deployment)
     placement: JobPlacement | None = None  # how PlexRL's placement put it there, if it did
     dp: int = 1
     seed: int = 0
+    model_options: dict[str, Any] = field(default_factory=dict)
     # NOTE: its state moves (offload, load, an offloaded checkpoint, a migration) one at a time
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     migrating: bool = False
@@ -163,7 +166,7 @@ class Deployment:
             "group": self.group,
             "dp": self.wpg.config.dp,
             "ops_run": self.wpg.ops_run,
-            "pids": list(getattr(self.wpg, "pids", [])),  # worker processes (none on Ray)
+            "pids": self.wpg.pids,  # worker processes here (none on Ray)
             "placement": None
             if placed is None
             else {
@@ -189,12 +192,11 @@ class ClusterDriver:
         state_dir: Path | None = None,
         default_exec_s: float = 1.0,
         default_switch_s: float = 1.0,
-        launcher: str = "process",
+        launcher: Launcher | str = "process",
         gpus_per_rank: float = 0.0,
         gpus_per_group: int = 8,
         state: SidecarConfig | None = None,
         clock: Callable[[], float] = time.monotonic,
-        launch: Callable[[WorkerGroupConfig], Any] | None = None,
         deadlines: DeadlinePolicy | None = None,
         recovery: RecoveryPolicy | None = None,
         settle_s: float = 10.0,
@@ -202,9 +204,9 @@ class ClusterDriver:
         faults: bool = False,
         retain_ops: int = 10_000,
     ) -> None:
-        """`state`: each group's sidecar (its GPUs are `gpus_per_group`); `launch` builds a
-        deployment's worker group in place of the default — worker processes on the group's
-        sidecar, or Ray actors with launcher="ray" (tests put stand-ins there). `deadlines`
+        """`launcher`: how worker groups start (`launchers`): "process" (worker processes on
+        each group's sidecar, `state`, whose GPUs are `gpus_per_group`), "ray" (Ray actors of
+        `gpus_per_rank` GPUs each), or a `Launcher` (tests put stand-ins there). `deadlines`
         and `recovery` decide how long an operation may run and what happens to a group torn
         down; `settle_s`: after a rank raised, how long the others have to answer before the
         group is torn down; `watch_s`: how often idle groups are checked for dead ranks;
@@ -215,14 +217,20 @@ class ClusterDriver:
             raise ConfigError(f"groups must be >= 1, got {groups}")
         if gpus_per_group < 1:
             raise ConfigError(f"gpus_per_group must be >= 1, got {gpus_per_group}")
-        if launcher not in ("process", "ray"):
-            raise ConfigError(f"launcher must be process or ray, got {launcher!r}")
-        self.launcher, self.gpus_per_rank = launcher, gpus_per_rank
         self.gpus_per_group = gpus_per_group
-        self.state_config = state or SidecarConfig()
-        self._launch_fn = launch
-        self._sidecars: list[StateSidecar | None] = [None] * groups
-        self._node_locks = [asyncio.Lock() for _ in range(groups)]
+        self.launcher = (
+            launcher
+            if isinstance(launcher, Launcher)
+            else make_launcher(
+                launcher,
+                groups=groups,
+                gpus_per_group=gpus_per_group,
+                gpus_per_rank=gpus_per_rank,
+                state=state or SidecarConfig(),
+                state_dir=state_dir,
+                on_node_lost=self._node_lost,
+            )
+        )
         self._plans: list[list[str]] = [[] for _ in range(groups)]  # the last sent to each node
         self._migrating = asyncio.Lock()
         self.policy = OpPolicyKind(policy)
@@ -288,18 +296,18 @@ class ClusterDriver:
         seed: int = 0,
         trace: Footprint | None = None,
         estimates: dict[str, float] | None = None,
+        model_options: dict[str, Any] | None = None,
     ) -> Deployment:
-        """Start a deployment. `estimates`: profiled seconds per operation kind, HRRS's E
+        """Start a deployment of `model` (`models.parse_model`: "tiny", a local Hugging Face
+        directory or a worker class `module:Class`, built with `model_options` as keywords).
+        `estimates`: profiled seconds per operation kind, HRRS's E
         until the service has measured them. Its node group: `group` if named; else, with a
         profiled `trace`, where PlexRL's placement fits it (§4.3.2, warm start); else a group of its
         own (cold start) while one is free, and the least-shared group when none is."""
         if self._closing:
             raise Conflict("the service is shutting down")
-        if model != BUILTIN_MODEL:
-            raise ConfigError(
-                f"model {model!r} is not supported: a deployment runs the built-in tiny decoder "
-                f"(model {BUILTIN_MODEL!r}); running a user's model is not built yet"
-            )
+        ref = parse_model(model)  # (ConfigError: what it cannot be)
+        options = dict(model_options or {})
         dep_id = f"{job_id}:{role}"
         if dep_id in self.deployments:
             raise Conflict(f"deployment {dep_id} exists already")
@@ -312,19 +320,29 @@ class ClusterDriver:
         bad = sorted(k for k, v in (estimates or {}).items() if k not in known or not v >= 0)
         if bad:
             raise ConfigError(f"estimates for unknown operations or below 0 s: {bad}")
-        if self.launcher == "process" and dp > self.gpus_per_group:
-            raise ConfigError(
-                f"dp {dp} is more ranks than a node group's {self.gpus_per_group} GPUs"
-            )
+        self.launcher.check_layout(dp)
         group, placed = self._place(dep_id, group, trace)
         try:
-            wpg = await self._launch(dep_id, group, dp, seed)
+            wpg = await self._launch(dep_id, group, dp, seed, model=ref.target, options=options)
+        except ConfigError:  # its workers could not build the model as named
+            if placed is not None:
+                self.placement.release(dep_id)
+            raise
         except (WorkerError, StateError) as exc:
             if placed is not None:
                 self.placement.release(dep_id)
             raise Unavailable(f"could not start {dep_id}'s worker processes: {exc}") from None
         dep = Deployment(
-            dep_id, job_id, model, role, group, wpg, placement=placed, dp=dp, seed=seed
+            dep_id,
+            job_id,
+            ref.target,
+            role,
+            group,
+            wpg,
+            placement=placed,
+            dp=dp,
+            seed=seed,
+            model_options=options,
         )
         self.deployments[dep_id] = dep
         for kind, secs in (estimates or {}).items():
@@ -351,52 +369,35 @@ class ClusterDriver:
             self._watchdog = asyncio.get_running_loop().create_task(self._watch())
         return dep
 
-    async def _node(self, group: int) -> StateSidecar:
-        """The group's sidecar, started on first use (or again if it died)."""
-        async with self._node_locks[group]:
-            sc = self._sidecars[group]
-            if sc is not None and not sc.alive:
-                lost = sorted(d.id for d in self.deployments.values() if d.group == group)
-                log.error("node group %d's sidecar died; state of %s is lost", group, lost)
-                self._plans[group] = []
-            if sc is None or not sc.alive:
-                disk = "" if self.state_dir is None else str(self.state_dir / f"group{group}")
-                cfg = SidecarConfig(
-                    **(asdict(self.state_config) | {"gpus": self.gpus_per_group, "disk_dir": disk})
-                )
-                sc = await asyncio.get_running_loop().run_in_executor(
-                    None, lambda: StateSidecar(cfg).start()
-                )
-                self._sidecars[group] = sc
-            return sc
+    def _node_lost(self, group: int, names: list[str]) -> None:
+        """A group's state holder died and was started again: the plan it had is gone."""
+        self._plans[group] = []
 
     async def _launch(
-        self, dep_id: str, group: int, dp: int, seed: int, *, start_offloaded: bool = False
-    ) -> Any:
-        """Start a deployment's worker group on `group` (its ranks on that node's sidecar)."""
+        self,
+        dep_id: str,
+        group: int,
+        dp: int,
+        seed: int,
+        *,
+        model: str,
+        options: dict[str, Any],
+        start_offloaded: bool = False,
+    ) -> Workers:
+        """Start a deployment's worker group on `group`."""
         name = _wpg_name(dep_id)
         cfg = WorkerGroupConfig(
             name=name,
             dp=dp,
             seed=seed,
+            model=model,
+            model_options=options,
             state_dir=None if self.state_dir is None else self.state_dir / name,
             start_offloaded=start_offloaded,
             settle_s=self.settle_s,
             faults=self.faults,
         )
-        wpg: Any
-        if self._launch_fn is not None:
-            wpg = self._launch_fn(cfg)
-        elif self.launcher == "process":
-            sidecar = await self._node(group)
-            cfg = replace(cfg, state_address=sidecar.address)
-            wpg = WorkerGroup(cfg, state_token=sidecar.token)
-        else:
-            from loom.runtime.cluster.ray_wpg import RayWorkerGroup
-
-            wpg = RayWorkerGroup(cfg, gpus_per_rank=self.gpus_per_rank)
-        await asyncio.get_running_loop().run_in_executor(None, wpg.start)
-        return wpg
+        return await self.launcher.launch(cfg, group)
 
     def _place(
         self, dep_id: str, group: int | None, trace: Footprint | None
@@ -477,23 +478,23 @@ class ClusterDriver:
                 raise Unavailable(f"could not offload {dep.id} to move it: {exc}") from None
             except WorkerError as exc:
                 raise Unavailable(f"could not offload {dep.id} to move it: {exc}") from None
-        if self.launcher == "process":
+        if self.launcher.moves_state:
             loop = asyncio.get_running_loop()
-            src, dst = await self._node(dep.group), await self._node(group)
             name = dep.wpg.config.name
             async with dep.lock:
                 try:
-                    with src.client(timeout_s=600) as c:
-                        await loop.run_in_executor(
-                            None,
-                            lambda: c.call(
-                                "mirror", dep=name, to=dst.address, token=dst.token.hex()
-                            ),
-                        )
-                    wpg = await self._launch(dep.id, group, dep.dp, dep.seed, start_offloaded=True)
+                    await self.launcher.mirror(name, dep.group, group)
+                    wpg = await self._launch(
+                        dep.id,
+                        group,
+                        dep.dp,
+                        dep.seed,
+                        model=dep.model,
+                        options=dep.model_options,
+                        start_offloaded=True,
+                    )
                 except (WorkerError, StateError, OSError) as exc:
-                    with contextlib.suppress(Exception), dst.client(timeout_s=60) as c:
-                        c.call("drop", dep=name)  # nothing half-moved stays at the destination
+                    await self.launcher.unmirror(name, group)  # nothing half-moved stays there
                     raise Unavailable(f"could not move {dep.id} to group {group}: {exc}") from None
                 old_wpg, dep.wpg = dep.wpg, wpg
                 await loop.run_in_executor(None, old_wpg.close)  # the old node forgets it
@@ -575,7 +576,7 @@ class ClusterDriver:
             raise ConfigError(f"deadline_s must be > 0, got {deadline_s}")
         if dep.migrating:
             raise Conflict(f"{dep_id} is moving to another node group: call again when it has")
-        dep.wpg.config.check(kind, payload)
+        dep.wpg.check(kind, payload)
         rec = OpRecord(self._new_id(), dep_id, dep.job, kind, payload, self.now())
         rec.override_s = deadline_s
         self.ops[rec.op_id] = rec
@@ -827,7 +828,13 @@ class ClusterDriver:
             if decision.action is RecoveryAction.RESTART:
                 try:
                     wpg = await self._launch(
-                        dep.id, dep.group, dep.dp, dep.seed, start_offloaded=True
+                        dep.id,
+                        dep.group,
+                        dep.dp,
+                        dep.seed,
+                        model=dep.model,
+                        options=dep.model_options,
+                        start_offloaded=True,
                     )
                 except (WorkerError, StateError) as exc:
                     decision = Recovery(RecoveryAction.FAIL, f"{reason}; its restart failed: {exc}")
@@ -868,10 +875,10 @@ class ClusterDriver:
                 log.exception("the cluster watchdog")
 
     def _look(self) -> None:
-        for g, sc in enumerate(self._sidecars):
-            if sc is not None and not sc.alive and g not in self._nodes_lost:
+        for g, why in self.launcher.lost_nodes().items():
+            if g not in self._nodes_lost:
                 self._nodes_lost.add(g)
-                self._spawn(self._recover_node(g, sc))
+                self._spawn(self._recover_node(g, why))
         for dep in list(self.deployments.values()):
             if dep.status is not DeploymentStatus.READY or dep.migrating or dep.deleting:
                 continue
@@ -880,22 +887,18 @@ class ClusterDriver:
             dep.watched = True
             self._spawn(self._recover_dead(dep))
 
-    async def _recover_node(self, group: int, sc: StateSidecar) -> None:
+    async def _recover_node(self, group: int, why: str) -> None:
         """The node's sidecar died: the state it held is gone and its deployments' ranks can
         move no state. They are torn down and failed; the next deployment there starts a
         new sidecar."""
-        why = f"node group {group}'s StateManager sidecar (pid {sc.pid}) exited ({sc.exit_code})"
         try:
             async with self._locks[group]:
                 log.error("%s: the state it held is lost", why)
                 for dep in [d for d in self.deployments.values() if d.group == group]:
                     if dep.status is DeploymentStatus.READY and not dep.deleting:
                         await self._recover(dep, why)
-                async with self._node_locks[group]:
-                    if self._sidecars[group] is sc:
-                        self._sidecars[group] = None
-                        self._plans[group] = []
-                await asyncio.get_running_loop().run_in_executor(None, sc.close)
+                await self.launcher.forget_node(group)
+                self._plans[group] = []
         finally:
             self._nodes_lost.discard(group)
 
@@ -987,22 +990,9 @@ class ClusterDriver:
         for dep in list(self.deployments.values()):
             await loop.run_in_executor(None, dep.wpg.close)
         self.deployments.clear()
-        for sc in self._sidecars:
-            if sc is not None:
-                await loop.run_in_executor(None, sc.close)
+        await self.launcher.close()
 
     async def state_stats(self) -> dict[str, Any]:
-        """What each node's sidecar holds: bytes by tier, moves, its plan, its deployments."""
-        loop = asyncio.get_running_loop()
-        out: dict[str, Any] = {}
-        if self.launcher == "process":
-            for g, sc in enumerate(self._sidecars):
-                if sc is not None and sc.alive:
-                    with sc.client(timeout_s=60) as c:
-                        out[str(g)] = await loop.run_in_executor(None, c.call, "stats")
-            return {"groups": out}
-        for dep in list(self.deployments.values()):
-            out[dep.id] = await loop.run_in_executor(
-                None, functools.partial(dep.wpg.state, "stats")
-            )
-        return {"deployments": out}
+        """What holds the deployments' state: each node group's sidecar (bytes by tier,
+        moves, its plan, its deployments), or each deployment's on Ray."""
+        return await self.launcher.stats({d.id: d.wpg for d in self.deployments.values()})

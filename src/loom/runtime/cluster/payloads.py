@@ -8,17 +8,24 @@ one length, a field that no operation of that kind reads is refused by name, nev
 
 from __future__ import annotations
 
-import functools
 import math
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from loom.core.errors import ConfigError
+from loom.runtime.cluster.losses import Agg, LossKind
 
-__all__ = ["BUILTIN_MODEL", "FAULT_OP", "MAX_NEW_TOKENS", "check_payload"]
+__all__ = ["FAULT_OP", "MAX_NEW_TOKENS", "check_payload"]
 
-BUILTIN_MODEL = "tiny"  # what a deployment's `model` names: the one model it runs today
 FAULT_OP = "inject_fault"  # test-only: a rank raises, hangs or exits inside a collective
 MAX_NEW_TOKENS = 4096
 
@@ -63,21 +70,72 @@ class _Forward(_Payload):
 
 
 class _ForwardBackward(_Forward):
-    advantages: list[float] | None = None
+    """A loss over the rows (`losses`): which tokens count (`mask`, per predicted token:
+    rows of len(ids[0]) - 1), the rows' advantages, and for PPO the log-probabilities of the
+    policy that sampled them and the clip range [1 - clip, 1 + clip_high]."""
 
-    @field_validator("advantages")
+    loss: LossKind = LossKind.PG
+    advantages: list[float] | None = None
+    mask: list[list[Literal[0, 1]]] | None = None
+    old_logprobs: list[list[float]] | None = None
+    clip: float | None = Field(default=None, gt=0, lt=1)
+    clip_high: float | None = Field(default=None, gt=0)
+    agg: Agg = Agg.SEQUENCE
+
+    @model_validator(mode="before")
     @classmethod
-    def _adv(cls, v: list[float] | None, info: ValidationInfo) -> list[float] | None:
-        ids = info.data.get("ids")
-        if v is not None and ids is not None and len(v) != len(ids):
-            raise ValueError(f"{len(v)} advantages for {len(ids)} rows")
-        if v is not None and not all(math.isfinite(a) for a in v):
-            raise ValueError("advantages must be finite numbers")
-        return v
+    def _enums(cls, data: Any) -> Any:
+        # NOTE: strict mode takes enums only as instances; JSON gives their values
+        if isinstance(data, dict):
+            for key, enum in (("loss", LossKind), ("agg", Agg)):
+                if isinstance(data.get(key), str):
+                    try:
+                        data = data | {key: enum(data[key])}
+                    except ValueError:
+                        known = ", ".join(e.value for e in enum)
+                        raise ValueError(f"{key}: {data[key]!r} is not one of {known}") from None
+        return data
+
+    @model_validator(mode="after")
+    def _fits(self) -> Self:
+        rows, width = len(self.ids), len(self.ids[0]) - 1
+        if self.advantages is not None:
+            if len(self.advantages) != rows:
+                raise ValueError(f"{len(self.advantages)} advantages for {rows} rows")
+            if not all(math.isfinite(a) for a in self.advantages):
+                raise ValueError("advantages must be finite numbers")
+        for name in ("mask", "old_logprobs"):
+            got = getattr(self, name)
+            if got is None:
+                continue
+            if len(got) != rows:
+                raise ValueError(f"{name}: {len(got)} rows for {rows} rows of ids")
+            bad = next((i for i, r in enumerate(got) if len(r) != width), None)
+            if bad is not None:
+                raise ValueError(
+                    f"{name}[{bad}]: {len(got[bad])} values; a row has one per predicted token "
+                    f"({width}: len(ids[0]) - 1)"
+                )
+        if self.old_logprobs is not None and not all(
+            math.isfinite(x) for r in self.old_logprobs for x in r
+        ):
+            raise ValueError("old_logprobs must be finite numbers")
+        if self.mask is not None and self.agg is Agg.TOKEN and not any(map(any, self.mask)):
+            raise ValueError("mask scores no token: the token mean has nothing to average")
+        ppo = self.loss is LossKind.PPO
+        if ppo and self.old_logprobs is None:
+            raise ValueError("the ppo loss needs old_logprobs (the sampling policy's)")
+        for name in ("old_logprobs", "clip", "clip_high"):
+            if not ppo and getattr(self, name) is not None:
+                raise ValueError(f"{name} is read by the ppo loss only, not {self.loss.value}")
+        if self.loss is LossKind.NLL and self.advantages is not None:
+            raise ValueError("advantages are not read by the nll loss")
+        return self
 
 
 class _OptimStep(_Payload):
     lr: float | None = Field(default=None, gt=0, le=1.0)
+    max_grad_norm: float | None = Field(default=None, gt=0)
 
 
 class _Generate(_Payload):
@@ -94,19 +152,60 @@ class _Checkpoint(_Payload):
     path: str = Field(min_length=1, max_length=4096)
 
 
+_URL = r"^https?://[^\s/]+(/\S*)?$"
+_NAME = r"^[A-Za-z0-9][A-Za-z0-9._:-]*$"
+
+
+class _Relay(_Payload):
+    """Where the weights go: the relay (`loom serve relay`) they are published to, as a new
+    version (sparse deltas against the one before, `loom.runtime.relay.model_sync`)."""
+
+    url: str = Field(pattern=_URL, max_length=2048)
+    job: str | None = Field(
+        default=None, pattern=_NAME, max_length=128, description="whose weights, in the engines"
+    )
+    dense_every: int = Field(default=0, ge=0, description="a dense copy every N versions too")
+
+
+class _Engine(_Payload):
+    url: str = Field(pattern=_URL, max_length=2048)
+    id: str | None = Field(default=None, pattern=_NAME, max_length=128)  # the router's name
+
+
 class _SyncWeights(_Payload):
     tp: int | None = Field(default=None, ge=1, le=1024)
+    relay: _Relay | None = None
+    version: int | None = Field(default=None, ge=0, description="default: the step")
+    engines: list[_Engine] | None = Field(default=None, max_length=1024)
+    router: str | None = Field(default=None, pattern=_URL, max_length=2048)
 
     @field_validator("tp")
     @classmethod
     def _tp(cls, v: int | None, info: ValidationInfo) -> int | None:
-        split = int((info.context or {})["tp_split"])
+        split = (info.context or {})["tp_split"]
+        if v is not None and split is None:
+            raise ValueError(
+                "this model's tensor-parallel layout is unknown (its worker's param_specs "
+                "gives none): sync it without tp"
+            )
         if v is not None and split % v:
             raise ValueError(
                 f"tp={v} does not split the model's sharded dimensions evenly (it must divide "
                 f"{split})"
             )
         return v
+
+    @model_validator(mode="after")
+    def _needs(self) -> Self:
+        if self.relay is None and (self.engines or self.router or self.version is not None):
+            raise ValueError("engines, router and version go with a relay to publish to")
+        if self.router is not None:
+            if not self.engines:
+                raise ValueError("router: name the engines it routes to (engines)")
+            nameless = [e.url for e in self.engines if e.id is None]
+            if nameless:
+                raise ValueError(f"engines {nameless[:3]} need their router id (id)")
+        return self
 
 
 class _Offload(_Payload):
@@ -145,26 +244,20 @@ _SCHEMAS: dict[str, type[_Payload]] = {
 }
 
 
-def check_payload(op: str, payload: Any, *, vocab: int, dim: int, heads: int, ranks: int) -> None:
-    """Refuse a payload `op` cannot run on `ranks` ranks of the built-in decoder of `vocab`
-    tokens, width `dim` and `heads` heads (ConfigError naming the field and the problem)."""
+def check_payload(op: str, payload: Any, *, vocab: int, tp_split: int | None, ranks: int) -> None:
+    """Refuse a payload `op` cannot run on `ranks` ranks of a model of `vocab` tokens whose
+    tensor-parallel degrees must divide `tp_split` (None: it has no TP layout) — ConfigError
+    naming the field and the problem."""
     schema = _SCHEMAS.get(op)
     if schema is None:
         raise ConfigError(f"unknown operation {op!r}")
     if not isinstance(payload, dict):
         raise ConfigError(f"{op}: the payload must be an object, got {type(payload).__name__}")
-    context = {"vocab": vocab, "tp_split": _tp_split(vocab, dim, heads), "ranks": ranks}
+    context = {"vocab": vocab, "tp_split": tp_split, "ranks": ranks}
     try:
         schema.model_validate(payload, context=context)
     except ValidationError as exc:
         raise ConfigError(f"{op}: {_say(exc)}") from None
-
-
-@functools.lru_cache(maxsize=64)
-def _tp_split(vocab: int, dim: int, heads: int) -> int:
-    """What every tensor-parallel degree must divide: the decoder's split dimensions (its
-    attention projections 3·dim and dim, its MLP's 4·dim, its vocabulary), and its heads."""
-    return math.gcd(3 * dim, dim, 4 * dim, vocab, heads)
 
 
 def _say(exc: ValidationError) -> str:

@@ -18,6 +18,7 @@ import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from loom.runtime.cluster.models.ref import ModelInfo
 from loom.runtime.cluster.wpg import (
     GroupBroken,
     OneAtATime,
@@ -52,8 +53,9 @@ class RankActor:
         self._state, self._local = state, local
         self._worker: _Worker | None = None
 
-    def join(self) -> bool:
-        """Build the model and join the group (blocks until every rank has joined)."""
+    def join(self) -> dict[str, Any]:
+        """Build the model and join the group (blocks until every rank has joined); what
+        the model is (`ModelInfo`'s fields)."""
         import ray
 
         address, token = self._state
@@ -67,7 +69,7 @@ class RankActor:
             local=self._local,
             gpu=int(gpus[0]) if gpus else None,
         )
-        return True
+        return asdict(self._worker.mw.info())
 
     def run(self, op: str, payload: dict[str, Any]) -> dict[str, Any]:
         assert self._worker is not None, "join first"
@@ -140,6 +142,7 @@ class RayWorkerGroup(OneAtATime):
     _lock: threading.Lock = field(default_factory=threading.Lock)
     running: str | None = None
     ops_run: int = 0
+    info: ModelInfo | None = None
     _pending: list[Any] = field(default_factory=list)  # results a failed operation left out
 
     def start(self) -> RayWorkerGroup:
@@ -195,7 +198,8 @@ class RayWorkerGroup(OneAtATime):
                         name=f"loom-wpg/{cfg.name}/{rank}",
                     ).remote(spec, rank, port, master, addresses[node], local)
                 )
-            ray.get([a.join.remote() for a in self._actors], timeout=cfg.start_timeout_s)
+            infos = ray.get([a.join.remote() for a in self._actors], timeout=cfg.start_timeout_s)
+            self.info = ModelInfo(**infos[0])
         except Exception as exc:
             self.close()
             raise WorkerError(f"{cfg.name}: the ranks did not start: {exc}") from None
@@ -260,6 +264,11 @@ class RayWorkerGroup(OneAtATime):
                 return False
             self._pending = []
         return True
+
+    @property
+    def pids(self) -> list[int]:
+        """Its ranks' processes: none of this process's (Ray's workers run them)."""
+        return []
 
     def kill(self) -> None:
         """Stop the ranks at once; the state their nodes' sidecars hold stays."""

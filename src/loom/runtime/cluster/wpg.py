@@ -45,10 +45,11 @@ from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Client, Connection, Listener
 from multiprocessing.connection import wait as wait_ready
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Protocol
 
 from loom.core.errors import ConfigError
 from loom.proc.lifeline import child_popen, watch_parent
+from loom.runtime.cluster.models.ref import BUILTIN_MODEL, ModelInfo, ModelRef, parse_model
 from loom.runtime.cluster.payloads import FAULT_OP, check_payload
 from loom.state.sidecar import TOKEN_ENV, SidecarConfig, StateClient, StateSidecar
 
@@ -60,6 +61,7 @@ __all__ = [
     "WorkerError",
     "WorkerGroup",
     "WorkerGroupConfig",
+    "Workers",
 ]
 
 OPS = (
@@ -104,6 +106,12 @@ class WorkerGroupConfig:
     heads: int = 4
     seed: int = 0
     lr: float = 1e-3
+    # what it runs (`models.parse_model`): "tiny" (vocab, dim, layers, heads above), a local
+    # Hugging Face directory, or a worker class "module:Class"; its options as keywords
+    model: str = "tiny"
+    model_options: dict[str, Any] = field(default_factory=dict)
+    # "auto": a GPU per rank where CUDA has one for each (NCCL), else the CPU (gloo)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
     device_bytes: int | None = None  # a rank's device tier on its own sidecar (None: all)
     host_bytes: int = 1 << 30
     disk_bytes: int = 4 << 30
@@ -120,12 +128,54 @@ class WorkerGroupConfig:
             raise ConfigError(f"dp must be >= 1, got {self.dp}")
         if self.settle_s < 0:
             raise ConfigError(f"settle_s must be >= 0, got {self.settle_s}")
+        parse_model(self.model)  # (a ConfigError saying why it cannot be one)
 
-    def check(self, op: str, payload: Any) -> None:
-        """Refuse a payload the group's model cannot run (ConfigError saying why)."""
-        if op == FAULT_OP and not self.faults:
-            raise ConfigError(f"unknown operation {op!r} (fault injection is off)")
-        check_payload(op, payload, vocab=self.vocab, dim=self.dim, heads=self.heads, ranks=self.dp)
+    def model_ref(self) -> ModelRef:
+        return parse_model(self.model)
+
+    def model_kwargs(self) -> dict[str, Any]:
+        """The keywords its worker class is built with (the tiny decoder's shape, or the
+        deployment's model options)."""
+        if self.model == BUILTIN_MODEL:
+            shape = {"vocab": self.vocab, "dim": self.dim, "layers": self.layers}
+            return shape | {"heads": self.heads} | self.model_options
+        return dict(self.model_options)
+
+
+def check_op(config: WorkerGroupConfig, info: ModelInfo, op: str, payload: Any) -> None:
+    """Refuse a payload the group's model cannot run (ConfigError saying why)."""
+    if op == FAULT_OP and not config.faults:
+        raise ConfigError(f"unknown operation {op!r} (fault injection is off)")
+    check_payload(op, payload, vocab=info.vocab, tp_split=info.tp_split, ranks=config.dp)
+
+
+class Workers(Protocol):
+    """What the cluster driver asks of a deployment's worker group, however its ranks run
+    (worker processes here, Ray actors, a test's stand-in)."""
+
+    config: WorkerGroupConfig
+    ops_run: int
+
+    def start(self) -> Workers: ...
+
+    def check(self, op: str, payload: Any) -> None: ...
+
+    def run(self, op: str, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]: ...
+
+    def settle(self, timeout_s: float) -> bool: ...
+
+    def death(self) -> str | None: ...
+
+    def state_intact(self) -> bool: ...
+
+    def state(self, op: str, **kw: Any) -> list[Any]: ...
+
+    @property
+    def pids(self) -> list[int]: ...
+
+    def kill(self) -> None: ...
+
+    def close(self, *, keep_state: bool = False) -> None: ...
 
 
 def _free_port() -> int:
@@ -142,6 +192,13 @@ class OneAtATime:
     _lock: threading.Lock
     running: str | None
     ops_run: int
+    info: ModelInfo | None  # what its model is, once its ranks have built it
+
+    def check(self, op: str, payload: Any) -> None:
+        """Refuse a payload the group's model cannot run (ConfigError saying why)."""
+        if self.info is None:
+            raise WorkerError(f"{self.config.name} has not started")
+        check_op(self.config, self.info, op, payload)
 
     def run(
         self, op: str, payload: dict[str, Any] | None = None, timeout_s: float = 600.0
@@ -149,7 +206,7 @@ class OneAtATime:
         """Run `op` on every rank and return rank 0's result; one operation at a time."""
         if op not in OPS:
             raise ConfigError(f"unknown operation {op!r}; known: {', '.join(OPS)}")
-        self.config.check(op, payload or {})
+        self.check(op, payload or {})
         if not self._lock.acquire(blocking=False):
             raise WorkerError(
                 f"{self.config.name}: {self.running} is running; one operation at a time"
@@ -194,6 +251,7 @@ class WorkerGroup(OneAtATime):
     _sidecar: StateSidecar | None = None  # a private one, when no address was given
     running: str | None = None  # the operation in flight, if any
     ops_run: int = 0
+    info: ModelInfo | None = None
     _pending: set[int] = field(default_factory=set)  # ranks yet to answer a failed operation
 
     def start(self) -> WorkerGroup:
@@ -267,7 +325,11 @@ class WorkerGroup(OneAtATime):
             msg = conn.recv()
             if msg.get("error"):
                 self.close()
+                if msg.get("refused"):
+                    raise ConfigError(f"{cfg.name}: {msg['error']}")
                 raise WorkerError(f"{cfg.name}: rank {rank} failed to start: {msg['error']}")
+            if rank == 0:
+                self.info = ModelInfo(**msg["info"])
         return self
 
     def _accept(self, listener: Listener, by_rank: dict[int, Connection]) -> None:
@@ -447,10 +509,13 @@ def _worker_main(cfg: dict[str, Any], rank: int, port: int, conn: Connection, to
     conn.send({"rank": rank})
     try:
         worker = _Worker(cfg, rank, port, token)
+    except ConfigError as exc:  # the model cannot be built as named: the caller's mistake
+        conn.send({"error": str(exc), "refused": True})
+        return
     except Exception:
         conn.send({"error": traceback.format_exc(limit=3)})
         return
-    conn.send({"ready": True})
+    conn.send({"ready": True, "info": asdict(worker.mw.info())})
     while True:
         try:
             op, payload = conn.recv()
@@ -478,12 +543,10 @@ class _Worker:
         gpu: int | None = None,
     ) -> None:
         """`local`: (this rank's index, the deployment's ranks) on its node's sidecar, and
-        `gpu` the node's GPU it holds; by default every rank is on one node, on GPU
-        gpu_base + rank."""
+        `gpu` the GPU it was given (Ray's: then the only one it sees); by default every rank
+        is on one node, on GPU gpu_base + rank."""
         import torch
         import torch.distributed as dist
-
-        from loom.runtime.cluster.model import TinyDecoder, TinyDecoderSpec
 
         torch.set_num_threads(1)
         self.torch, self.dist = torch, dist
@@ -492,28 +555,53 @@ class _Worker:
         self.cfg = WorkerGroupConfig(
             **{k: v for k, v in cfg.items() if k in WorkerGroupConfig.__dataclass_fields__}
         )
-        dist.init_process_group(
-            "gloo", init_method=f"tcp://{master}:{port}", rank=rank, world_size=self.world
-        )
-        spec = TinyDecoderSpec(
-            vocab=cfg["vocab"],
-            dim=cfg["dim"],
-            layers=cfg["layers"],
-            heads=cfg["heads"],
-            seed=cfg["seed"],
-        )
-        self.model = TinyDecoder(spec)
-        self.optim = torch.optim.Adam(self.model.parameters(), lr=cfg["lr"])
-        self.step = 0
-        self.resident = True
         where: tuple[int, int] = local if local is not None else (rank, int(self.world))
         self.local_rank, self.local_world = where
         self.gpu = int(cfg["gpu_base"]) + self.local_rank if gpu is None else gpu
+        self.device = self._pick_device(assigned=gpu is not None)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        dist.init_process_group(
+            "nccl" if self.device.type == "cuda" else "gloo",
+            init_method=f"tcp://{master}:{port}",
+            rank=rank,
+            world_size=self.world,
+        )
+        from loom.runtime.cluster.models.build import build_worker
+
+        self.mw = build_worker(
+            self.cfg.model_ref(),
+            seed=self.cfg.seed,
+            device=self.device,
+            options=self.cfg.model_kwargs(),
+        )
+        self.model = self.mw.module
+        self.optim = self.mw.optimizer(self.cfg.lr)
+        self.info = self.mw.info()
+        self.step = 0
+        self.resident = True
+        self.publisher: Any = None  # what sync_weights pushed last (rank 0, with a relay)
         self.sc = StateClient(cfg["state_address"], token)
         if cfg.get("start_offloaded"):  # its state waits on the sidecar: drop the fresh one
             for t in self._state().values():
-                t.data = torch.empty(0, dtype=t.dtype)
+                t.data = torch.empty(0, dtype=t.dtype, device=t.device)
             self.resident = False
+
+    def _pick_device(self, *, assigned: bool) -> Any:
+        """A GPU of its own where CUDA gives every rank one (`auto`, `cuda`), else the CPU.
+        Every rank of the group decides alike: from the same device count and layout."""
+        torch = self.torch
+        want = self.cfg.device
+        n = torch.cuda.device_count() if want != "cpu" and torch.cuda.is_available() else 0
+        fits = n > 0 and (assigned or self.cfg.gpu_base + self.local_world <= n)
+        if want == "cuda" and not fits:
+            raise ConfigError(
+                f"device cuda: {n} CUDA devices here, the group needs GPUs "
+                f"{self.cfg.gpu_base}..{self.cfg.gpu_base + self.local_world - 1}"
+            )
+        if not fits:
+            return torch.device("cpu")
+        return torch.device("cuda", 0 if assigned else self.gpu)
 
     def close(self) -> None:
         self.sc.close()
@@ -524,7 +612,7 @@ class _Worker:
     def run(self, op: str, p: dict[str, Any]) -> dict[str, Any]:
         # every rank checks the whole payload first: a bad one fails on all ranks alike,
         # before any collective
-        self.cfg.check(op, p)
+        check_op(self.cfg, self.info, op, p)
         if op in ("offload", "load"):
             return getattr(self, f"_{op}")(p)
         if not self.resident:
@@ -540,13 +628,17 @@ class _Worker:
             if p["action"] == "exit":
                 os._exit(13)
             time.sleep(float(p.get("hang_s", 3600.0)))
-        t = self.torch.ones(())
+        t = self.torch.ones((), device=self.device)
         self.dist.all_reduce(t)
         return {"sum": float(t)}
 
+    def _mine(self, rows: list[Any]) -> list[Any]:
+        """This rank's share of a batch's rows (every world-th, from its rank)."""
+        return rows[self.rank :: self.world]
+
     def _rows(self, ids: list[list[int]]) -> Any:
-        mine = ids[self.rank :: self.world]
-        return self.torch.tensor(mine, dtype=self.torch.long) if mine else None
+        mine = self._mine(ids)
+        return self.torch.tensor(mine, dtype=self.torch.long, device=self.device) if mine else None
 
     def _gather_rows(self, local: list[Any], n: int) -> list[Any]:
         parts: list[Any] = [None] * self.world
@@ -561,42 +653,109 @@ class _Worker:
         ids = p["ids"]
         x = self._rows(ids)
         with self.torch.no_grad():
-            local = self.model.logprobs(x).tolist() if x is not None else []
+            local = self.mw.logprobs(x).tolist() if x is not None else []
         return {"logprobs": self._gather_rows(local, len(ids))}
 
     def _forward_backward(self, p: dict[str, Any]) -> dict[str, Any]:
-        torch, dist = self.torch, self.dist
+        """The loss the payload names over the batch (`losses`); each rank scores its rows,
+        the gradients summed over the ranks are the batch's. Gradients add up over calls
+        until `optim_step` (micro-batches)."""
+        from loom.runtime.cluster.losses import Agg, LossBatch, LossKind, loss_of
+
+        torch, dist, dev = self.torch, self.dist, self.device
         ids = p["ids"]
-        adv = p.get("advantages") or [1.0] * len(ids)
+        rows, width = len(ids), len(ids[0]) - 1
+        kind, agg = LossKind(p.get("loss", "pg")), Agg(p.get("agg", "sequence"))
+        mask = p.get("mask") or [[1] * width] * rows
+        adv = p.get("advantages")
+        if adv is None and kind is not LossKind.NLL:
+            adv = [1.0] * rows
+        tokens = sum(map(sum, mask))
+        norm = float(tokens if agg is Agg.TOKEN else rows)  # the whole batch's, on every rank
         x = self._rows(ids)
-        loss = torch.zeros(())
+        loss, stats = torch.zeros((), device=dev), {}
         if x is not None:
-            a = torch.tensor(adv[self.rank :: self.world])
-            loss = -(a * self.model.logprobs(x).mean(-1)).sum() / len(ids)
-            loss.backward()
+
+            def mine(v: list[Any]) -> Any:
+                return torch.tensor(self._mine(v), dtype=torch.float32, device=dev)
+
+            clip = p.get("clip") or 0.2
+            out = loss_of(
+                kind,
+                LossBatch(
+                    logp=self.mw.logprobs(x),
+                    mask=mine(mask),
+                    advantages=None if adv is None else mine(adv),
+                    old_logp=mine(p["old_logprobs"]) if kind is LossKind.PPO else None,
+                    agg=agg,
+                    norm=norm,
+                    clip_low=clip,
+                    clip_high=p.get("clip_high") or clip,
+                ),
+            )
+            out.loss.backward()
+            loss, stats = out.loss, out.stats
         for param in self.model.parameters():
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
             dist.all_reduce(param.grad)  # the rows' terms summed: the full batch's gradient
         total = loss.detach().clone()
         dist.all_reduce(total)
-        return {"loss": float(total)}
+        result: dict[str, Any] = {"loss": float(total), "tokens": int(tokens)}
+        if kind is LossKind.PPO:
+            result |= self._ratio_stats(stats, tokens)
+        return result
+
+    def _ratio_stats(self, stats: dict[str, Any], tokens: int) -> dict[str, Any]:
+        """The importance ratio over the batch's scored tokens: mean, spread, range, and the
+        share of tokens whose clipped term was taken."""
+        torch, dist, dev = self.torch, self.dist, self.device
+        inf = float("inf")
+        sums = torch.tensor(
+            [float(stats.get(k, 0.0)) for k in ("ratio_sum", "ratio_sq_sum", "clipped")],
+            dtype=torch.float64,
+            device=dev,
+        )
+        low = torch.tensor([float(stats.get("ratio_min", inf))], dtype=torch.float64, device=dev)
+        high = torch.tensor([float(stats.get("ratio_max", -inf))], dtype=torch.float64, device=dev)
+        dist.all_reduce(sums)
+        dist.all_reduce(low, op=dist.ReduceOp.MIN)
+        dist.all_reduce(high, op=dist.ReduceOp.MAX)
+        if not tokens:
+            return {"ratio": None, "clipped": 0.0}
+        total, sq, clipped = (float(v) for v in sums.tolist())
+        mean = total / tokens
+        return {
+            "ratio": {
+                "mean": mean,
+                "std": max(0.0, sq / tokens - mean * mean) ** 0.5,
+                "min": float(low),
+                "max": float(high),
+            },
+            "clipped": clipped / tokens,
+        }
 
     def _optim_step(self, p: dict[str, Any]) -> dict[str, Any]:
-        if "lr" in p:
+        """One step of the optimizer on the summed gradients (clipped to `max_grad_norm`
+        first if given); it reports their norm."""
+        torch = self.torch
+        if p.get("lr") is not None:
             for g in self.optim.param_groups:
                 g["lr"] = float(p["lr"])
+        params = [q for q in self.model.parameters() if q.grad is not None]
+        if p.get("max_grad_norm") is not None:
+            norm = torch.nn.utils.clip_grad_norm_(params, float(p["max_grad_norm"]))
+        else:
+            norm = torch.nn.utils.get_total_norm([q.grad for q in params]) if params else 0.0
         self.optim.step()
         self.optim.zero_grad(set_to_none=True)
         self.step += 1
-        return {"step": self.step}
+        return {"step": self.step, "grad_norm": float(norm)}
 
     def _generate(self, p: dict[str, Any]) -> dict[str, Any]:
         ids = p["ids"]
         x = self._rows(ids)
-        local = (
-            self.model.generate(x, int(p.get("max_tokens", 8))).tolist() if x is not None else []
-        )
+        local = self.mw.generate(x, int(p.get("max_tokens", 8))).tolist() if x is not None else []
         return {"tokens": self._gather_rows(local, len(ids))}
 
     def _bind(self) -> None:
@@ -621,43 +780,92 @@ class _Worker:
         """Read a checkpoint the sidecar wrote ({kind/name: tensor}, with the step)."""
         from loom.runtime.cluster.model import restore_items
 
-        state = self.torch.load(Path(p["path"]), weights_only=False)
+        state = self.torch.load(Path(p["path"]), weights_only=False, map_location=self.device)
         meta = state.pop("__meta__", {})
         restore_items(self.model, self.optim, state)
         self.step = int(meta.get("step", 0))
         return {"step": self.step}
 
-    def _sync_weights(self, p: dict[str, Any]) -> dict[str, Any]:
-        """The weights' version and digest (every replica must agree); with `tp`, also the
-        shards a rollout layout of that tensor-parallel degree loads, cut by the sidecar from
-        the managed state: each target rank fetches only its slices."""
-        from loom.runtime.cluster.model import param_specs
-
+    def _digest(self) -> str:
         h = hashlib.sha256()
         for name, t in sorted(self.model.state_dict().items()):
             h.update(name.encode())
-            h.update(t.detach().contiguous().view(-1).view(self.torch.uint8).numpy().tobytes())
-        out: dict[str, Any] = {"version": self.step, "digest": h.hexdigest()}
+            h.update(
+                t.detach().cpu().contiguous().view(-1).view(self.torch.uint8).numpy().tobytes()
+            )
+        return h.hexdigest()
+
+    def _sync_weights(self, p: dict[str, Any]) -> dict[str, Any]:
+        """The weights' version and digest (every replica must agree: checked before anything
+        leaves). With `tp`, also the shards a rollout layout of that tensor-parallel degree
+        loads, cut by the sidecar from the managed state: each target rank fetches only its
+        slices. With a `relay`, rank 0 publishes them there as a new version (sparse deltas
+        against the one before) and, with `engines`, has every engine load it without a
+        restart and tells the `router` which engines serve it."""
+        digest = self._digest()
+        digests: list[Any] = [None] * self.world
+        self.dist.all_gather_object(digests, digest)
+        if len(set(digests)) != 1:
+            raise RuntimeError(f"replicas disagree on the weights: {sorted(set(digests))}")
+        out: dict[str, Any] = {"version": self.step, "digest": digest}
         tp = p.get("tp")
-        if tp is None:
-            return out
-        specs = param_specs(self.model)
+        if tp is not None:
+            out["reshard"] = self._reshard(int(tp))
+        if p.get("relay") is not None and self.rank == 0:
+            out |= self._publish(p)
+        return out
+
+    def _reshard(self, tp: int) -> dict[str, Any] | None:
+        specs = self.mw.param_specs()
+        assert specs is not None, "the payload check refuses tp without a layout"
         self._bind()
-        if self.rank == 0:
-            fetched, digests = [], []
-            for r in range(int(tp)):
-                shards, n = self.sc.call(
-                    "materialize", model=self.name, kind="weights", params=specs, tp=int(tp), rank=r
+        if self.rank != 0:
+            return None
+        fetched, digests = [], []
+        for r in range(tp):
+            shards, n = self.sc.call(
+                "materialize", model=self.name, kind="weights", params=specs, tp=tp, rank=r
+            )
+            fetched.append(int(n))
+            d = hashlib.sha256()
+            for name in sorted(shards):
+                d.update(name.encode())
+                d.update(
+                    shards[name].contiguous().view(-1).view(self.torch.uint8).numpy().tobytes()
                 )
-                fetched.append(int(n))
-                d = hashlib.sha256()
-                for name in sorted(shards):
-                    d.update(name.encode())
-                    d.update(
-                        shards[name].contiguous().view(-1).view(self.torch.uint8).numpy().tobytes()
-                    )
-                digests.append(d.hexdigest())
-            out["reshard"] = {"tp": int(tp), "fetched_bytes": fetched, "shard_digests": digests}
+            digests.append(d.hexdigest())
+        return {"tp": tp, "fetched_bytes": fetched, "shard_digests": digests}
+
+    def _publish(self, p: dict[str, Any]) -> dict[str, Any]:
+        """Publish the serving weights to the relay; then every engine named loads them."""
+        from dataclasses import asdict as as_dict
+
+        from loom.client.relay import RelayClient
+        from loom.runtime.engine.weight_sync import EngineRef, sync_engines
+        from loom.runtime.relay.model_sync import WeightPublisher
+
+        t0 = time.perf_counter()
+        relay = p["relay"]
+        version = self.step if p.get("version") is None else int(p["version"])
+        token = os.environ.get("LOOM_TOKEN")  # (the relay's and router's: one for every service)
+        if self.publisher is None or self.publisher.store.base_url != relay["url"].rstrip("/"):
+            store = RelayClient(relay["url"], token=token, timeout_s=600)
+            member = "train-" + self.name.replace(":", "-")
+            self.publisher = WeightPublisher(store, member_id=member)
+        self.publisher.dense_every = int(relay.get("dense_every") or 0)
+        published = self.publisher.publish(version, self.mw.serving_weights())
+        out: dict[str, Any] = {"published": as_dict(published)}
+        if p.get("engines"):
+            done = sync_engines(
+                [EngineRef(e["url"], e.get("id")) for e in p["engines"]],
+                relay=relay["url"],
+                job=relay.get("job") or self.name,
+                version=version,
+                router=p.get("router"),
+                token=token,
+            )
+            out["engines"] = [as_dict(e) for e in done]
+        out["sync_s"] = time.perf_counter() - t0
         return out
 
     # ---- state moves ------------------------------------------------------------------------
@@ -682,7 +890,7 @@ class _Worker:
             tier=p.get("tier", "host"), meta={"step": self.step},
         )  # fmt: skip
         for t in state.values():  # free the deployment's memory on every rank
-            t.data = self.torch.empty(0, dtype=t.dtype)
+            t.data = self.torch.empty(0, dtype=t.dtype, device=t.device)
         self.resident = False
         return {"bytes": written}
 
@@ -692,7 +900,9 @@ class _Worker:
             return {"bytes": 0}
         from loom.runtime.cluster.model import adopt_items
 
-        got = self.sc.load(self.name, self.local_rank, self.local_world)
+        # NOTE: the buffers on the rank's own device (a GPU rank's state loads back into GPU
+        # memory, not the host's)
+        got = self.sc.load(self.name, self.local_rank, self.local_world, device=str(self.device))
         adopt_items(self.model, self.optim, {f"{k.kind}/{k.name}": v for k, v in got.views.items()})
         self.step = int(got.meta.get("step", self.step))
         self.resident = True

@@ -122,6 +122,13 @@ class EngineConfig:
     allow_open: bool = field(
         default=False, metadata={"help": "serve beyond loopback without a token"}
     )
+    weight_sync: bool = field(
+        default=False,
+        metadata={
+            "help": "load new weights from the relay without a restart (Loom's worker "
+            "extension: loom.runtime.engine.weight_sync)"
+        },
+    )
 
     def __post_init__(self) -> None:
         for name in ("state_dir", "model", "log_path"):  # accept str paths
@@ -189,6 +196,8 @@ class EngineConfig:
             cmd += ["--scheduling-policy", "priority"]
         if self.token is not None:
             cmd += ["--api-key", self.token]
+        if self.weight_sync:  # its routes (/collective_rpc) need the dev mode set below
+            cmd += ["--worker-extension-cls", "loom.runtime.engine.weight_sync.WeightSync"]
         return cmd + list(self.extra_args)
 
     def environment(self) -> dict[str, str]:
@@ -196,6 +205,8 @@ class EngineConfig:
         return {
             **os.environ,
             "VLLM_SERVER_DEV_MODE": "1",
+            # idle connections kept longer than a client's pool keeps them (aiohttp: 15 s)
+            "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "75",
             "VLLM_CPU_OMP_THREADS_BIND": self.cpus,
             "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1",

@@ -217,7 +217,9 @@ class RolloutDriver:
         cfg = self.config
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout_s),
-            connector=aiohttp.TCPConnector(limit=0, force_close=False),
+            # NOTE: idle connections closed before the engines' servers close them (uvicorn's
+            # keep-alive, vLLM's 5 s): a request sent as the server closes fails to write
+            connector=aiohttp.TCPConnector(limit=0, force_close=False, keepalive_timeout=4.0),
             auto_decompress=False,
             cookie_jar=aiohttp.DummyCookieJar(),  # engines set none; skip the jar per request
         )
@@ -534,7 +536,10 @@ class RolloutDriver:
                 self._end(turn, error=exc, engine_done=True)
             return
         except EngineError as exc:
-            self._on_failure(e, turn, attempt, str(exc))
+            # NOTE: a refused connection is a dead engine; anything else (a 5xx, a broken
+            # stream, a connect that timed out on loaded cores) may be this request's alone:
+            # the turn moves and the engine's health decides whether it stays in
+            self._on_failure(e, turn, attempt, str(exc), down=isinstance(exc, EngineUnreachable))
             return
         finally:
             await stream.aclose()  # type: ignore[attr-defined]
@@ -580,7 +585,9 @@ class RolloutDriver:
         if e.lent:
             self.counts["stalls"] += 1
             e.stalled = True
-        self._on_failure(e, turn, turn.attempt, f"no token for {limit:g} s", down=not e.lent)
+        self._on_failure(
+            e, turn, turn.attempt, f"no token for {limit:g} s", down=not e.lent, probe=False
+        )
 
     def _receive(self, e: EngineState, turn: Turn, item: Delta) -> None:
         """A chunk of the running attempt: tokens, text and logprobs join the turn."""
@@ -613,13 +620,24 @@ class RolloutDriver:
             turn.updates.put_nowait(item)
 
     def _on_failure(
-        self, e: EngineState, turn: Turn, attempt: int, reason: str, *, down: bool = True
+        self,
+        e: EngineState,
+        turn: Turn,
+        attempt: int,
+        reason: str,
+        *,
+        down: bool = True,
+        probe: bool = True,
     ) -> None:
+        """The attempt at `e` failed: `e` is out (`down`), or its health is checked now
+        (`probe`), and the turn moves."""
         if turn.attempt != attempt or turn.state is not TurnState.RUNNING:
             return
         turn.error = reason
         if down:
             self.engine_down(e, reason)  # moves this turn (and all others) elsewhere
+        elif probe:
+            self._suspect(e, reason)
         if turn.state is TurnState.RUNNING and turn.engine is e:
             self._requeue(turn, e, failed=True)
 
@@ -866,9 +884,9 @@ class RolloutDriver:
         self.counts["declared"] += len(fresh)
         if not self.live():  # engines may have changed while predicting
             raise Unavailable("no live engine: add one with POST /v1/engines")
-        current = self.current()
-        if not current:
-            return {t.key: "" for t in fresh}
+        # NOTE: while new weights load, no engine is current: the batch is planned over the
+        # live ones (they serve it once current), as a trajectory that joins is
+        current = self.current() or self.live()
         self.router.start(fresh, current)
         self._handle_stale()
         ids = {e.idx: e.id for e in current}

@@ -163,26 +163,17 @@ class EngineClient:
         return aiohttp.ClientTimeout(total=self.call_timeout_s)
 
     async def _post_json(self, path: str, body: Mapping[str, Any]) -> Any:
-        where = f"{self.url}{path}"
-        try:
-            async with self.session.post(
-                where, data=_dumps(body), headers=self._headers, timeout=self._timeout()
-            ) as resp:
-                raw = await resp.read()
-                _raise_for(resp.status, raw, where)
-                return _loads(raw)
-        except aiohttp.ClientConnectorError as exc:
-            raise EngineUnreachable(f"{where}: {exc}") from exc
-        except TimeoutError as exc:
-            raise EngineError(f"{where}: no answer in {self.call_timeout_s:g} s") from exc
-        except (aiohttp.ClientError, OSError, ValueError) as exc:
-            raise EngineError(f"{where}: {exc!r}") from exc
+        return await self._json("POST", path, _dumps(body))
 
     async def _get_json(self, path: str) -> Any:
+        return await self._json("GET", path, None)
+
+    async def _json(self, method: str, path: str, data: bytes | None) -> Any:
+        """A JSON call with the engine's deadline; any failure is an `EngineError`."""
         where = f"{self.url}{path}"
         try:
-            async with self.session.get(
-                where, headers=self._headers, timeout=self._timeout()
+            async with self.session.request(
+                method, where, data=data, headers=self._headers, timeout=self._timeout()
             ) as resp:
                 raw = await resp.read()
                 _raise_for(resp.status, raw, where)

@@ -8,7 +8,6 @@ import contextlib
 import socket
 import threading
 from collections.abc import Callable
-from types import TracebackType
 from typing import Any
 
 from aiohttp import web
@@ -18,8 +17,9 @@ from loom.runtime.rollout.app import DRIVER, create_app
 from loom.runtime.rollout.config import RolloutServerConfig
 from loom.runtime.rollout.driver import RolloutDriver, check_config
 from loom.runtime.rollout.engines import EngineError
+from loom.runtime.service import BackgroundService, bind
 
-__all__ = ["BackgroundRouter", "bind", "new_loop", "serve"]
+__all__ = ["BackgroundRouter", "new_loop", "serve"]
 
 
 def new_loop() -> asyncio.AbstractEventLoop:
@@ -30,13 +30,6 @@ def new_loop() -> asyncio.AbstractEventLoop:
         return asyncio.new_event_loop()
     loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
     return loop
-
-
-def bind(host: str, port: int) -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    return sock
 
 
 async def _run(
@@ -61,8 +54,7 @@ def serve(config: RolloutServerConfig, announce: Callable[[str], None] = print) 
         app = create_app(config)
     except ConfigError as exc:
         raise SystemExit(f"loom serve rollout: {exc}") from None
-    sock = bind(config.host, config.port)
-    host, port = sock.getsockname()[:2]
+    sock, host, port = bind(config.host, config.port)
     loop = new_loop()
     asyncio.set_event_loop(loop)
     stop = asyncio.Event()
@@ -85,44 +77,38 @@ def serve(config: RolloutServerConfig, announce: Callable[[str], None] = print) 
         sock.close()
 
 
-class BackgroundRouter:
-    """The router in a daemon thread on a free port of `config.host`; a context manager.
-    `call(coro_fn)` runs a coroutine function on the router's loop (to read the driver)."""
+class BackgroundRouter(BackgroundService):
+    """The router in a daemon thread on a free port of `config.host` (aiohttp on a loop of its
+    own); `call(fn)` runs a function on the router's loop (to read the driver)."""
 
     def __init__(self, config: RolloutServerConfig, driver: RolloutDriver | None = None) -> None:
         check_config(config)
+        super().__init__(config.host, config.port, name="rollout router")
         self.config = config
-        self._sock = bind(config.host, config.port)
-        host, port = self._sock.getsockname()[:2]
-        self.url = f"http://{host}:{port}"
         self._loop = new_loop()
         self._stop: asyncio.Event | None = None
         self._ready = threading.Event()
-        self._error: BaseException | None = None
         self.app = create_app(config, driver)
-        self._thread = threading.Thread(target=self._main, name="rollout-router", daemon=True)
 
     @property
     def driver(self) -> RolloutDriver:
         return self.app[DRIVER]
 
-    def _main(self) -> None:
+    def _serve(self) -> None:
         asyncio.set_event_loop(self._loop)
         self._stop = asyncio.Event()
         try:
             self._loop.run_until_complete(_run(self.app, self._sock, self._ready.set, self._stop))
-        except BaseException as exc:  # surfaced by start()
-            self._error = exc
-            self._ready.set()
         finally:
             self._loop.close()
 
-    def start(self, timeout_s: float = 60.0) -> BackgroundRouter:
-        self._thread.start()
-        if not self._ready.wait(timeout_s) or self._error is not None:
-            self.stop()
-            raise RuntimeError(f"the rollout router did not start: {self._error!r}")
-        return self
+    def _started(self) -> bool:
+        return self._ready.is_set() and self._error is None
+
+    def _request_stop(self) -> None:
+        if self._stop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop may have closed already
+                self._loop.call_soon_threadsafe(self._stop.set)
 
     def call(self, fn: Callable[[RolloutDriver], Any], timeout_s: float = 60.0) -> Any:
         """Run `fn(driver)` on the router's loop; awaits it if it returns a coroutine."""
@@ -134,21 +120,3 @@ class BackgroundRouter:
             return out
 
         return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout_s)
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        if self._stop is not None and self._thread.is_alive():
-            with contextlib.suppress(RuntimeError):
-                self._loop.call_soon_threadsafe(self._stop.set)
-            self._thread.join(timeout_s)
-        self._sock.close()
-
-    def __enter__(self) -> BackgroundRouter:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

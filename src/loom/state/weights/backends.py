@@ -1,14 +1,15 @@
-"""Tensor backends of the weight codec: numpy (bf16 as raw `uint16` bits) and torch (bf16).
+"""Tensor backends of the weight codec: numpy (bf16 as raw `uint16` bits, float32 as float32)
+and torch (bfloat16, float32).
 
 The codec's wire format is backend-free; a backend only finds changed positions, gathers and
-scatters bits. Both give the same result for the same data: indices in ascending C order,
-values as raw bits.
+scatters bits (16 of them per bf16 element, 32 per float32). Both give the same result for the
+same data: indices in ascending C order, values as raw bits.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
+from enum import IntEnum, StrEnum
 from typing import Any, Protocol
 
 import numpy as np
@@ -17,10 +18,27 @@ import numpy.typing as npt
 from loom.core.errors import ConfigError
 from loom.state.weights.bf16 import BF16_BITS_DTYPE
 
-__all__ = ["NUMPY_OPS", "Backend", "Bits", "Changes", "Indices", "NumpyOps", "TensorOps"]
+__all__ = ["NUMPY_OPS", "Backend", "Bits", "Changes", "DType", "Indices", "NumpyOps", "TensorOps"]
 
 Indices = npt.NDArray[np.int32]
-Bits = npt.NDArray[np.uint16]
+Bits = npt.NDArray[np.unsignedinteger[Any]]  # uint16 (bf16) or uint32 (float32) raw bits
+
+
+class DType(IntEnum):
+    """An element type the codec carries (its code on the wire)."""
+
+    BF16 = 1
+    F32 = 2
+
+    @property
+    def itemsize(self) -> int:
+        return 2 if self is DType.BF16 else 4
+
+    @property
+    def bits(self) -> np.dtype[Any]:
+        """The little-endian unsigned integer type of its raw bits."""
+        return np.dtype("<u2") if self is DType.BF16 else np.dtype("<u4")
+
 
 # Elements compared per step of `NumpyOps.diff`: a 1 MiB mask stays in cache and is reused.
 # Measured on 256 MiB of bf16 (2 AVX-512 cores): 1.4x the throughput of one whole-tensor mask.
@@ -47,7 +65,12 @@ class TensorOps(Protocol):
     backend: Backend
 
     def check(self, x: Any, what: str) -> tuple[int, ...]:
-        """Shape of `x`, or `ConfigError` if `x` is not a bf16 tensor of this backend."""
+        """Shape of `x`, or `ConfigError` if `x` is not a bf16 or float32 tensor of this
+        backend."""
+        ...
+
+    def dtype(self, x: Any) -> DType:
+        """The element type of a checked `x`."""
         ...
 
     def same_place(self, a: Any, b: Any) -> bool:
@@ -78,7 +101,12 @@ class TensorOps(Protocol):
 
     def empty_like(self, x: Any) -> Any: ...
 
-    def empty(self, shape: tuple[int, ...], device: Any) -> Any: ...
+    def empty(self, shape: tuple[int, ...], device: Any, dtype: DType) -> Any: ...
+
+
+def _np_bits(x: Any) -> Any:
+    """The raw bits of a numpy bf16-bits or float32 array: a view (strides kept)."""
+    return x if x.dtype == BF16_BITS_DTYPE else x.view(np.uint32)
 
 
 class NumpyOps:
@@ -87,23 +115,26 @@ class NumpyOps:
     def check(self, x: Any, what: str) -> tuple[int, ...]:
         if not isinstance(x, np.ndarray):
             raise ConfigError(f"{what} must be a numpy array, got {type(x).__name__}")
-        if x.dtype != BF16_BITS_DTYPE:
+        if x.dtype != BF16_BITS_DTYPE and x.dtype != np.float32:
             raise ConfigError(
                 f"{what}: numpy holds bf16 as raw uint16 bits (see float32_to_bf16_bits), "
-                f"got dtype {x.dtype}"
+                f"or float32 values; got dtype {x.dtype}"
             )
         return tuple(x.shape)
+
+    def dtype(self, x: Any) -> DType:
+        return DType.BF16 if x.dtype == BF16_BITS_DTYPE else DType.F32
 
     def same_place(self, a: Any, b: Any) -> bool:
         return True
 
     def count_changed(self, new: Any, old: Any) -> int:
-        return int(np.count_nonzero(np.not_equal(new, old)))
+        return int(np.count_nonzero(np.not_equal(_np_bits(new), _np_bits(old))))
 
     def diff(self, new: Any, old: Any, limit: int) -> Changes | None:
         """Row blocks of about `CHUNK` elements, so strided views (shard slices) are read in
         place and the mask buffer is reused."""
-        new, old = np.atleast_1d(new), np.atleast_1d(old)
+        new, old = np.atleast_1d(_np_bits(new)), np.atleast_1d(_np_bits(old))
         row = int(np.prod(new.shape[1:]))
         if new.size == 0:
             return Changes([], [], 0)
@@ -127,16 +158,17 @@ class NumpyOps:
         return Changes(idx, vals, nnz)
 
     def dense(self, new: Any, val_out: Bits) -> None:
-        np.copyto(val_out.reshape(new.shape), new)
+        np.copyto(val_out.reshape(new.shape), _np_bits(new))
 
     def scatter(self, target: Any, idx: Indices, vals: Bits) -> None:
-        if target.flags.c_contiguous:
-            target.reshape(-1)[idx] = vals
+        bits = _np_bits(target)
+        if bits.flags.c_contiguous:
+            bits.reshape(-1)[idx] = vals
         else:
-            target[np.unravel_index(idx, target.shape)] = vals
+            bits[np.unravel_index(idx, bits.shape)] = vals
 
     def fill(self, target: Any, vals: Bits) -> None:
-        np.copyto(target, vals.reshape(target.shape))
+        np.copyto(_np_bits(target), vals.reshape(target.shape))
 
     def clone(self, x: Any) -> Any:
         return x.copy()
@@ -144,10 +176,10 @@ class NumpyOps:
     def empty_like(self, x: Any) -> Any:
         return np.empty_like(x)
 
-    def empty(self, shape: tuple[int, ...], device: Any) -> Any:
+    def empty(self, shape: tuple[int, ...], device: Any, dtype: DType) -> Any:
         if device is not None:
             raise ConfigError(f"the numpy backend has no devices, got device={device!r}")
-        return np.empty(shape, dtype=BF16_BITS_DTYPE)
+        return np.empty(shape, dtype=BF16_BITS_DTYPE if dtype is DType.BF16 else np.float32)
 
 
 NUMPY_OPS = NumpyOps()

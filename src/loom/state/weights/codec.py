@@ -1,18 +1,21 @@
-"""Sparse-delta codec for bf16 weights (ROSE §4.2): a blob carries the new bits at the positions
-that changed since the receiver's version, or the whole tensor when too many changed.
+"""Sparse-delta codec for bf16 (and float32) weights (ROSE §4.2): a blob carries the new bits at
+the positions that changed since the receiver's version, or the whole tensor when too many
+changed.
 
 Between consecutive RL steps most bf16 weights keep their exact bits (>95% in ROSE Fig. 6,
 ~99% across steps in Fig. 11a), so a delta ships `6 · nnz` bytes (int32 flat index + the new
 bf16 bits) instead of `2 · numel`. It ships the NEW bits, not `new - old`: a bf16 subtraction
 is not invertible bit for bit. Positions are compared as raw 16-bit patterns, so -0.0 vs +0.0
-counts as a change and a NaN that keeps its payload does not.
+counts as a change and a NaN that keeps its payload does not. A float32 tensor (a trainer and
+an engine that both run in fp32, whose logprobs must agree to fp32 precision) goes the same way
+with 32-bit patterns: `8 · nnz` bytes per delta, `4 · numel` dense.
 
 Wire format, little-endian; the header is `36 + 8 · ndim` bytes (52 for a matrix):
 
     magic      4s   b"LMWB"
     format     u8   FORMAT_VERSION
     encoding   u8   Encoding (0 dense, 1 sparse)
-    dtype      u8   DType (1 bf16)
+    dtype      u8   DType (1 bf16, 2 float32)
     ndim       u8
     base       i64  base_version, -1 for a dense blob (it applies at any version)
     version    i64  version the blob produces
@@ -20,8 +23,9 @@ Wire format, little-endian; the header is `36 + 8 · ndim` bytes (52 for a matri
     shape      u64 × ndim
     crc32      u32  zlib CRC-32 of every other header byte, then of the payload
 
-then the payload: dense, `numel` u16 bits in C order; sparse, `nnz` i32 flat C-order indices,
-strictly increasing, then their `nnz` u16 bits. Equal inputs give equal bytes on every backend.
+then the payload: dense, `numel` u16 (u32 for float32) bits in C order; sparse, `nnz` i32 flat
+C-order indices, strictly increasing, then their `nnz` u16 (u32) bits. Equal inputs give equal
+bytes on every backend.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from loom.core.errors import ConfigError
-from loom.state.weights.backends import Backend, TensorOps
+from loom.state.weights.backends import Backend, DType, TensorOps
 from loom.state.weights.ops import backend_of, tensor_ops
 
 __all__ = [
@@ -81,10 +85,6 @@ class Encoding(IntEnum):
     SPARSE = 1  # changed positions and their new bits
 
 
-class DType(IntEnum):
-    BF16 = 1
-
-
 _ENCODINGS = frozenset(int(e) for e in Encoding)
 _DTYPES = frozenset(int(d) for d in DType)
 
@@ -110,7 +110,7 @@ class BlobHeader:
 
     @property
     def payload_nbytes(self) -> int:
-        return _payload_nbytes(self.encoding, self.numel, self.nnz)
+        return _payload_nbytes(self.encoding, self.numel, self.nnz, self.dtype)
 
     @property
     def nbytes(self) -> int:
@@ -122,8 +122,9 @@ def header_nbytes(ndim: int) -> int:
     return _FIXED.size + ndim * _DIM.size + _CRC.size
 
 
-def _payload_nbytes(encoding: Encoding, numel: int, nnz: int) -> int:
-    return 2 * numel if encoding is Encoding.DENSE else 6 * nnz
+def _payload_nbytes(encoding: Encoding, numel: int, nnz: int, dtype: DType) -> int:
+    size = dtype.itemsize
+    return size * numel if encoding is Encoding.DENSE else (4 + size) * nnz
 
 
 def choose_encoding(numel: int, nnz: int, dense_threshold: float = DENSE_THRESHOLD) -> Encoding:
@@ -138,10 +139,15 @@ def _sparse_limit(numel: int, dense_threshold: float) -> int:
 
 
 def encoded_nbytes(
-    shape: tuple[int, ...], nnz: int | None, *, dense_threshold: float = DENSE_THRESHOLD
+    shape: tuple[int, ...],
+    nnz: int | None,
+    *,
+    dense_threshold: float = DENSE_THRESHOLD,
+    dtype: DType = DType.BF16,
 ) -> int:
     """Size of the blob `encode` writes for a tensor of `shape` with `nnz` changed elements
-    (`None`: a dense snapshot): `header_nbytes(ndim) + 6 · nnz`, or `+ 2 · numel` when dense."""
+    (`None`: a dense snapshot): `header_nbytes(ndim) + 6 · nnz`, or `+ 2 · numel` when dense
+    (float32: 8 and 4)."""
     numel = math.prod(shape)
     if nnz is None:
         encoding = Encoding.DENSE
@@ -151,11 +157,11 @@ def encoded_nbytes(
         if numel > MAX_SPARSE_NUMEL:
             raise ConfigError(f"a delta indexes at most 2^31 elements, shape {shape} has {numel}")
         encoding = choose_encoding(numel, nnz, dense_threshold)
-    return header_nbytes(len(shape)) + _payload_nbytes(encoding, numel, nnz or 0)
+    return header_nbytes(len(shape)) + _payload_nbytes(encoding, numel, nnz or 0, dtype)
 
 
 def count_changed(new: Any, old: Any) -> int:
-    """Elements whose bf16 bits differ between `new` and `old` (the paper's ΔW non-zeros)."""
+    """Elements whose bits differ between `new` and `old` (the paper's ΔW non-zeros)."""
     ops, _ = _pair(new, old)
     return ops.count_changed(new, old)
 
@@ -180,7 +186,7 @@ def encode(
     if old is None:
         ops = tensor_ops(backend_of(new))
         shape = ops.check(new, "new")
-        return _write_dense(ops, new, shape, version)
+        return _write_dense(ops, new, shape, version, ops.dtype(new))
     ops, shape = _pair(new, old)
     numel = math.prod(shape)
     if numel > MAX_SPARSE_NUMEL:
@@ -188,12 +194,13 @@ def encode(
             f"a delta indexes at most 2^31 elements with int32, got shape {shape} "
             f"({numel} elements): encode slices of it, or a dense snapshot (old=None)"
         )
+    dtype = ops.dtype(new)
     changes = ops.diff(new, old, limit=_sparse_limit(numel, dense_threshold))
     if changes is None:  # more than the threshold changed
-        return _write_dense(ops, new, shape, version)
+        return _write_dense(ops, new, shape, version, dtype)
     header = BlobHeader(
         encoding=Encoding.SPARSE,
-        dtype=DType.BF16,
+        dtype=dtype,
         shape=shape,
         nnz=changes.nnz,
         version=version,
@@ -203,7 +210,7 @@ def encode(
     start, nnz = header.header_nbytes, changes.nnz
     if nnz:
         idx_out = np.frombuffer(out, dtype="<i4", count=nnz, offset=start)
-        val_out = np.frombuffer(out, dtype="<u2", count=nnz, offset=start + 4 * nnz)
+        val_out = np.frombuffer(out, dtype=dtype.bits, count=nnz, offset=start + 4 * nnz)
         np.concatenate(changes.idx, out=idx_out)
         np.concatenate(changes.vals, out=val_out)
     _seal(out, header)
@@ -253,6 +260,10 @@ def apply(blob: Buffer, current: W, *, current_version: int | None, inplace: boo
     shape = ops.check(current, "current")
     if shape != header.shape:
         raise ConfigError(f"blob is for shape {header.shape}, the tensor has shape {shape}")
+    if ops.dtype(current) is not header.dtype:
+        raise ConfigError(
+            f"blob holds {header.dtype.name} elements, the tensor {ops.dtype(current).name} ones"
+        )
     if header.encoding is Encoding.DENSE:
         target = current if inplace else ops.empty_like(current)
         ops.fill(target, _values(blob, header))
@@ -279,7 +290,7 @@ def decode(blob: Buffer, *, backend: Backend | str = Backend.NUMPY, device: Any 
         )
     _check_crc(blob, header)
     ops = tensor_ops(backend)
-    target = ops.empty(header.shape, device)
+    target = ops.empty(header.shape, device, header.dtype)
     ops.fill(target, _values(blob, header))
     return target
 
@@ -294,14 +305,18 @@ def _pair(new: Any, old: Any) -> tuple[TensorOps, tuple[int, ...]]:
         raise ConfigError(f"new has shape {shape} but old has shape {old_shape}")
     if not ops.same_place(new, old):
         raise ConfigError("new and old are on different devices")
+    if ops.dtype(new) is not ops.dtype(old):
+        raise ConfigError(f"new holds {ops.dtype(new).name}, old {ops.dtype(old).name}")
     return ops, shape
 
 
-def _write_dense(ops: TensorOps, new: Any, shape: tuple[int, ...], version: int) -> bytearray:
+def _write_dense(
+    ops: TensorOps, new: Any, shape: tuple[int, ...], version: int, dtype: DType
+) -> bytearray:
     numel = math.prod(shape)
     header = BlobHeader(
         encoding=Encoding.DENSE,
-        dtype=DType.BF16,
+        dtype=dtype,
         shape=shape,
         nnz=numel,
         version=version,
@@ -309,7 +324,8 @@ def _write_dense(ops: TensorOps, new: Any, shape: tuple[int, ...], version: int)
     )
     out = _allocate(header)
     if numel:
-        ops.dense(new, np.frombuffer(out, dtype="<u2", count=numel, offset=header.header_nbytes))
+        bits = np.frombuffer(out, dtype=dtype.bits, count=numel, offset=header.header_nbytes)
+        ops.dense(new, bits)
     _seal(out, header)
     return out
 
@@ -365,7 +381,7 @@ def _indices(blob: Buffer, header: BlobHeader) -> np.ndarray:
 
 def _values(blob: Buffer, header: BlobHeader) -> np.ndarray:
     offset = header.header_nbytes + (4 * header.nnz if header.encoding is Encoding.SPARSE else 0)
-    return np.frombuffer(blob, dtype="<u2", count=header.nnz, offset=offset)
+    return np.frombuffer(blob, dtype=header.dtype.bits, count=header.nnz, offset=offset)
 
 
 def _check_header(header: BlobHeader, raw_base: int) -> None:

@@ -39,5 +39,6 @@ def backend_of(x: Any) -> Backend:
     if torch is not None and isinstance(x, torch.Tensor):
         return Backend.TORCH
     raise ConfigError(
-        f"expected a numpy uint16 array or a torch bfloat16 tensor, got {type(x).__name__}"
+        "expected a numpy uint16 array or a torch bfloat16 tensor (or a float32 array or "
+        f"tensor), got {type(x).__name__}"
     )
