@@ -11,8 +11,13 @@ cache), with chunked prefill of 512 tokens. The serving side is a PD-disaggregat
 * a **decoder** advances all its serving decodes by one token per *cycle*: one serving step
   T_dec(b) plus the rollout iterations that fit. Under TPOT enforcement (`dual_slo`,
   `tpot_only`) that is m = floor((B_TPOT − T_dec) / r) iterations of predicted time r (Eq. 2 with
-  t_last at the cycle's start); otherwise one iteration per serving step. A rollout iteration
-  therefore takes r + T_dec / m of wall time, and a serving token c = T_dec + m·r.
+  t_last at the cycle's start): a rollout iteration takes r + T_dec / m of wall time, and a
+  serving token c = T_dec + m·r. Without it (`ttft_only`, `none`) nothing bounds m: a decoder's
+  serving work is a standing batch, not an arrival, and what hands the GPU back to it is its
+  tokens falling due (t_last + B_TPOT), which only Eq. 2 checks. The slack is then unbounded
+  (`admission.slack_s` is +inf) and every ready rollout iteration is admitted: serving decodes
+  advance only while the rollout has no iteration to run (every turn here in a tool call, or
+  no room to grow).
 
 Between batch changes of either side the cycle is constant, so both sides fast-forward: events
 grow with serving requests and rollout turns, not with tokens. Serving decodes progress as a
@@ -376,15 +381,17 @@ class CoServingWorker(Worker):
         if self.running and self.alive:
             k, r, growth = self._rollout_segment()
         t_dec = self._decode_s() if self.s_active else 0.0
+        _, tpot_on = ADMISSION_POLICIES.get(self.cfg.admission)
+        if k > 0 and not tpot_on:  # unbounded slack: the rollout runs, serving waits
+            self._cycle = math.inf
+            self._schedule_segment(start, k, r, growth)
+            self._arm_serving()
+            return
         m = 0
-        if k > 0:
-            _, tpot_on = ADMISSION_POLICIES.get(self.cfg.admission)
-            if not self.s_active:
-                m = 1
-            elif tpot_on:
-                m = int((self.cfg.slo.tpot_s - t_dec) // r) if r > 0 else 1
-            else:
-                m = 1
+        if k > 0 and not self.s_active:
+            m = 1
+        elif k > 0:
+            m = int((self.cfg.slo.tpot_s - t_dec) // r) if r > 0 else 1
         if m > 0:
             dt = r + t_dec / m
             self._cycle = t_dec + m * r if self.s_active else math.inf

@@ -1,0 +1,90 @@
+"""Each paper's direction (who beats whom), at a seed of its own that no figure was tuned on,
+on a workload small enough for two cores: a finding of a reproduction cannot flip unnoticed."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from loom.actions.policy import ActionPolicyKind as P
+from loom.core.trajectory import WorkloadKind
+from loom.experiments import plexrl, rose
+from loom.experiments.heddle import HEDDLE, HeddleScale, Scenario, baseline_systems
+from loom.experiments.tangram_cases import REWARD_TRACE, Case, run_case
+from loom.rollout.rose.admission import AdmissionKind
+from loom.sim.workloads.rose import ROSE_WORKLOADS
+
+SEED = 23  # none of the reproductions' defaults (1) nor the audit's seed (7)
+
+
+def test_rose_fig9_dual_slo_holds_the_tpot_tail_that_ttft_only_loses() -> None:
+    """ROSE Fig. 9: Dual-SLO's P99 TPOT is below TTFT-only's (paper: 76.3% lower). Without
+    Eq. 2 nothing hands a decoder back to its serving decodes while the rollout has work."""
+    # 64 trajectories on one dedicated GPU and four lent ones: the lent decoders co-serve
+    wl = replace(ROSE_WORKLOADS["8b"], batch=64, rollout_gpus=1, max_lent_gpus=4)
+    p99 = {}
+    for kind in (AdmissionKind.DUAL_SLO, AdmissionKind.TTFT_ONLY):
+        run = rose.train(wl, replace(rose.ROSE, admission=kind), rose.Algo.GRPO, 1, seed=SEED)
+        _, tpot = run.serving()
+        assert len(tpot) > 100
+        p99[kind] = float(np.percentile(tpot, 99))
+    assert p99[AdmissionKind.DUAL_SLO] <= wl.slo_tpot_s
+    assert p99[AdmissionKind.DUAL_SLO] < p99[AdmissionKind.TTFT_ONLY], p99
+
+
+def test_rose_fig14_lent_gpus_shorten_the_rollout() -> None:
+    """ROSE App. E / Fig. 14: 16 lent GPUs shorten the 8B rollout (paper 1.69x). The step ends
+    with trajectories on the dedicated GPUs (docs/differences.md), so the gain is small."""
+    wl = ROSE_WORKLOADS["8b"]
+    rollout_s = {}
+    for n in (0, 16):
+        run = rose.train(wl, replace(rose.ROSE, lent_gpus=n), rose.Algo.GRPO, 1, seed=SEED)
+        rollout_s[n] = run.steps[0].rollout_s
+    assert rollout_s[16] < rollout_s[0], rollout_s
+
+
+def test_plexrl_fig8_spread_backfill_drains_first_and_delays_least() -> None:
+    """PlexRL Fig. 8: every sharing policy drains the trace before Isolated, Spread+Backfill
+    no later than the others (paper 0.56x Isolated), with the lowest median queueing delay
+    (ties allowed). Pack against Spread is not checked: the model does not reproduce the
+    paper's order (docs/differences.md)."""
+    rows = {
+        r["policy"]: r
+        for r in plexrl.fig8_records(SEED, jobs=40, groups=4, load=plexrl.FIG8_LOAD)
+        if r["experiment"] == "fig8"
+    }
+    drain = {k: r["drain_vs_isolated"] for k, r in rows.items()}
+    assert drain["isolated"] == 1.0
+    assert max(drain["pack"], drain["spread"]) < 1.0, drain
+    # the drain ends with the last departure, which backfilling may leave where it was
+    assert drain["spread_backfill"] <= min(drain["pack"], drain["spread"]), drain
+    p50 = {k: r["queue_delay_p50"] for k, r in rows.items()}
+    assert p50["spread_backfill"] == min(p50.values()) < p50["isolated"], p50
+
+
+def _act(workload: str, policy: P) -> float:
+    case = Case(workload=workload, policy=policy, batch_size=64, seed=SEED, cpu_nodes=1)
+    return run_case(case).avg_act_s()
+
+
+def test_tangram_beats_kubernetes_on_coding_and_fixed_dop_on_the_reward_trace() -> None:
+    """ARL-Tangram §6.2 and Fig. 9: a lower average ACT than a pod per trajectory on coding
+    (paper 4.3x) and than fixed DoP=4 and DoP=16 on the reward trace (paper 2.0x, 3.0x)."""
+    assert _act("coding", P.TANGRAM) < _act("coding", P.K8S)
+    tangram = _act(REWARD_TRACE, P.TANGRAM)
+    assert tangram < _act(REWARD_TRACE, P.DOP4)
+    assert tangram < _act(REWARD_TRACE, P.DOP16)
+
+
+@pytest.mark.parametrize("kind", [WorkloadKind.CODING, WorkloadKind.SEARCH, WorkloadKind.MATH])
+def test_heddle_fig12_finishes_the_batch_before_verl_and_slime(kind: WorkloadKind) -> None:
+    """Heddle Fig. 12: Heddle's rollout beats verl, verl* and slime on every workload (paper
+    1.7-2.6x). Fig. 14's and Fig. 15's ablations are not checked here: under §5.3's rule the
+    model does not reproduce them (docs/differences.md)."""
+    scale = HeddleScale(gpus=8, per_worker_batch=8, history_epochs=(0, 1))
+    scn = Scenario(kind=kind, model="qwen3-8b", scale=scale, seed=SEED)
+    heddle = scn.simulate(HEDDLE).makespan_s
+    for name, spec in baseline_systems("qwen3-8b").items():
+        assert heddle < scn.simulate(spec).makespan_s, name
