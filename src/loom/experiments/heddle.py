@@ -455,14 +455,17 @@ def plot(records: list[Record], out: Path) -> list[Path]:
             )
         )
     if "fig13" in by:
-        for metric, unit in (("recall", "fraction"), ("pearson", "coefficient")):
+        for metric, ylabel in (
+            ("recall", "recall (fraction)"),
+            ("pearson", "Pearson r (coefficient)"),
+        ):
             paths.append(
                 bar_plot(
                     by["fig13"],
                     x="workload",
                     hue="policy",
                     metric=metric,
-                    ylabel=f"{metric} of predicted lengths ({unit})",
+                    ylabel=ylabel,
                     path=out / f"fig13_{metric}.png",
                     title=f"Fig. 13: prediction {metric}",
                 )
@@ -470,7 +473,7 @@ def plot(records: list[Record], out: Path) -> list[Path]:
     if "fig14" in by:
         for metric, ylabel in (
             ("rollout_time_s", "rollout time (s)"),
-            ("longest_queue_delay_s", "longest trajectory's queueing (s)"),
+            ("longest_queue_delay_s", "longest queueing delay (s)"),
         ):
             paths.append(
                 bar_plot(

@@ -373,7 +373,7 @@ def plot(records: list[Record], out: Path) -> list[Path]:
                 metric="rollmux_gain_x",
                 paper="paper_rollmux_gain_x",  # §7.2
                 xlabel="micro-benchmark",
-                ylabel="RollMux's cost efficiency / policy's (×)",
+                ylabel="RollMux's gain (×)",
                 path=out / "fig10_gain.png",
                 title="Fig. 10: RollMux's gain in cost efficiency",
             )
@@ -387,7 +387,7 @@ def plot(records: list[Record], out: Path) -> list[Path]:
                 metric="normalized_throughput",
                 paper="paper_normalized_throughput",  # Table 4
                 xlabel="micro-benchmark",
-                ylabel="training throughput / Solo-D's (ratio)",
+                ylabel="throughput / Solo-D's (ratio)",
                 path=out / "table4.png",
                 title="Table 4: normalized training throughput",
             )

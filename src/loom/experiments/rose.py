@@ -900,7 +900,7 @@ BARS: tuple[tuple[str, str, str, str, str, str | None, str, str], ...] = (
         "policy",
         "speedup",
         "paper_speedup",
-        "ROSE's throughput / baseline's (×)",
+        "ROSE's speedup (×)",
         "Fig. 7: ROSE's speedup",
     ),
     ("fig8", "fig8", "policy", "model", "rollout_time_s", None, ROLLOUT_S, "Fig. 8a: rollout time"),
