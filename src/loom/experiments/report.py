@@ -147,11 +147,13 @@ def bar_figure(
     facet: str | None = None,
     title: str = "",
     label: Callable[[str], str] = str,
+    logy: bool = False,
 ) -> Figure:
     """Grouped bars: one group per value of `x`, one bar per `hue`, one panel per `facet`.
     `ylabel` names the metric with its unit. Where a record carries the paper's value under
     `paper`, a black diamond sits on that bar at the paper's height ("paper"); where it
-    carries a stated range (a pair), a black bracket spans it ("paper (range)")."""
+    carries a stated range (a pair), a black bracket spans it ("paper (range)"). `logy` for
+    values that span orders of magnitude."""
     facets = sorted({str(r[facet]) for r in rows}) if facet else [""]
     groups = max(len({str(r[x]) for r in rows if not facet or str(r[facet]) == f}) for f in facets)
     width_in = max(4.2, 0.75 * groups)
@@ -204,6 +206,8 @@ def bar_figure(
         ax.set_title(fv)
         ax.set_xlabel(xlabel if xlabel is not None else x.replace("_", " "))
         ax.set_ylabel(ylabel)
+        if logy:
+            ax.set_yscale("log")
     for ax in axes[0]:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)

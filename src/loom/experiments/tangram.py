@@ -528,7 +528,8 @@ def plot(records: list[Record], out: Path) -> list[Path]:
                 metric="value",
                 paper="paper",  # §6.2-6.4, as `summary` cites them
                 xlabel="",
-                ylabel="baseline's time / Tangram's (×)",
+                ylabel="gain over baseline (×)",
+                logy=True,
                 path=out / "headlines.png",
                 title="Tangram's gains beside the paper's",
             )
