@@ -15,7 +15,8 @@ from matplotlib.figure import Figure
 from typer.testing import CliRunner
 
 from loom.cli import app
-from loom.experiments import plexrl, report, rose
+from loom.core.trajectory import WorkloadKind
+from loom.experiments import heddle, plexrl, report, rollmux, rose, tangram
 from loom.experiments.report import bar_figure, line_figure
 
 ROWS = [
@@ -174,3 +175,72 @@ def test_reproduce_json_dash_prints_the_records_alone(tmp_path: Path) -> None:
     table2 = [r for r in doc["records"] if r["experiment"] == "table2"]
     assert len(table2) == 3 and all("paper_bubble_ratio" in r for r in table2)
     assert "wrote" in result.stderr
+
+
+def test_rollmux_plots_carry_units_and_the_papers_figures(
+    figures: list[Figure], tmp_path: Path
+) -> None:
+    rows = [r for r in rollmux.fig10_table4(1, True) if r["experiment"] != "fig10_gantt"]
+    rollmux.plot(rows + rollmux.fig12(1, True), tmp_path)
+    _assert_units(figures)
+    table4 = next(f for f in figures if f.get_suptitle().startswith("Table 4"))
+    stated = [v for bench in rollmux.TABLE4_PAPER.values() for v in bench.values()]
+    assert sorted(y for _, y in _paper_marks(table4)) == pytest.approx(sorted(stated))
+    gain = next(f for f in figures if "gain" in f.get_suptitle())
+    stated = [v for bench in rollmux.FIG10_PAPER_GAIN.values() for v in bench.values()]
+    assert sorted(y for _, y in _paper_marks(gain)) == pytest.approx(sorted(stated))
+
+
+def test_heddle_speedups_stand_beside_the_papers_ranges(
+    figures: list[Figure], tmp_path: Path
+) -> None:
+    summary = [
+        {
+            "experiment": "summary",
+            "workload": w,
+            "model": "qwen3-14b",
+            "policy": "heddle",
+            "vs_verl": 1.5,
+            "vs_slime": 1.3,
+            "vs_verl_star": 1.2,
+        }
+        for w in ("coding", "search")
+    ]
+    table2 = [
+        {"experiment": "table2", "workload": "coding", "model": "qwen3-14b", "policy": p}
+        | {
+            "decision_ms": 10.0,
+            "paper_decision_ms": heddle._paper_ms("qwen3-14b", p, WorkloadKind.CODING),
+        }
+        for p in ("placement", "resource_manager")
+    ]
+    heddle.plot(summary + table2, tmp_path)
+    _assert_units(figures)
+    fig = next(f for f in figures if f.get_suptitle().startswith("Fig. 12"))
+    (bracket,) = [c for c in fig.axes[0].containers if isinstance(c, ErrorbarContainer)]
+    spans = sorted(
+        (round(s[0][1], 9), round(s[1][1], 9)) for s in bracket.lines[2][0].get_segments()
+    )
+    assert spans == sorted(2 * list(heddle.SPEEDUP_PAPER["fig12"].values()))
+    t2 = next(f for f in figures if f.get_suptitle().startswith("Table 2"))
+    assert sorted(y for _, y in _paper_marks(t2)) == pytest.approx([38.0, 5050.0])
+
+
+def test_tangram_headlines_stand_beside_the_papers_ratios(
+    figures: list[Figure], tmp_path: Path
+) -> None:
+    nan = float("nan")
+    summary = [
+        {"experiment": "summary", "policy": "tangram", "metric": m, "workload": "coding"}
+        | {"value": v, "paper": p, "target": ""}
+        for m, v, p in (
+            ("traj_act_ratio_vs_k8s", 2.1, 4.3),
+            ("step_speedup", 0.9, 1.4),
+            ("avg_act_ratio_vs_k8s", 2.1, nan),
+        )
+    ]
+    tangram.plot(summary, tmp_path)
+    _assert_units(figures)
+    (fig,) = figures
+    assert sorted(y for _, y in _paper_marks(fig)) == [1.4, 4.3]
+    assert fig.axes[0].get_yscale() == "log"

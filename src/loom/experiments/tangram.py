@@ -527,7 +527,7 @@ def plot(records: list[Record], out: Path) -> list[Path]:
                 hue="policy",
                 metric="value",
                 paper="paper",  # §6.2-6.4, as `summary` cites them
-                xlabel="",
+                xlabel="figure, cell and baseline",
                 ylabel="gain over baseline (×)",
                 logy=True,
                 path=out / "headlines.png",
