@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -15,7 +16,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from loom.core.errors import UnknownPolicyError
 from loom.core.trajectory import WorkloadKind
 from loom.experiments.registry import SYSTEMS
-from loom.experiments.report import Record, Task, print_tables, write_csvs, write_json
+from loom.experiments.report import (
+    Record,
+    Task,
+    print_tables,
+    records_doc,
+    write_csvs,
+    write_json,
+)
 
 if TYPE_CHECKING:
     from loom.runtime.rollout import RolloutServerConfig
@@ -46,7 +54,10 @@ def reproduce(
         "results"
     ),
     json_path: Annotated[
-        Path | None, typer.Option("--json", help="write tidy records here")
+        Path | None,
+        typer.Option(
+            "--json", help="write tidy records here; `-` prints them to stdout instead of tables"
+        ),
     ] = None,
     only: Annotated[
         str | None,
@@ -61,6 +72,9 @@ def reproduce(
     total, tasks = rep.tasks(seed, quick)
     if only is not None:
         tasks, total = _select(tasks, only)
+    to_stdout = json_path == Path("-")
+    # NOTE: with `--json -` stdout carries the JSON document alone; progress goes to stderr
+    out_console = Console(stderr=True) if to_stdout else console
     records: list[Record] = []
     columns = (
         TextColumn("{task.description:<40}"),
@@ -68,22 +82,25 @@ def reproduce(
         MofNCompleteColumn(),
         TimeElapsedColumn(),
     )
-    with Progress(*columns, console=console, transient=False) as progress:
+    with Progress(*columns, console=out_console, transient=False) as progress:
         bar = progress.add_task(f"{system}", total=total)
         for label, thunk in tasks:
             progress.update(bar, description=label)
             records += [{"system": system, **r} for r in thunk()]
             progress.advance(bar)
     records += [{"system": system, **r} for r in rep.summary(records)]
-    print_tables(records, console, title=system)
+    if not to_stdout:
+        print_tables(records, console, title=system)
     out_dir = out / system
     write_csvs(records, out_dir)
     plots = rep.plot(records, out_dir)
-    if json_path is not None:
+    if to_stdout:
+        typer.echo(json.dumps(records_doc(system, seed, quick, records), default=float))
+    elif json_path is not None:
         write_json(json_path, system, seed, quick, records)
-    console.print(
+    out_console.print(
         f"wrote {len(records)} records, CSV and {len(plots)} plots under {out_dir}"
-        + (f", JSON at {json_path}" if json_path else "")
+        + (f", JSON at {json_path}" if json_path and not to_stdout else "")
     )
 
 

@@ -234,18 +234,22 @@ def test_plot_draws_every_experiment(tmp_path: Path) -> None:
     for model in ("qwen3-8b", "qwen3-32b"):
         base = {"model": model, "policy": "rose", "algo": "grpo"}
         records += [
-            {**base, "experiment": "fig7", "baseline": "roll_grpo", "throughput_tok_s": 1.0},
-            {**base, "experiment": "fig8", "rollout_time_s": 1.0},
+            {**base, "experiment": "fig7", "baseline": "roll_grpo", "throughput_tok_s": 1.0}
+            | {"speedup": 1.3},
+            {**base, "experiment": "fig8", "rollout_time_s": 1.0, "speedup": 1.2}
+            | {"preempted_gpu_frac": 0.01},
             {**base, "experiment": "fig10b", "bandwidth_gbps": 200.0, "transfer_s": 8.0},
-            {**base, "experiment": "fig14", "lent_gpus": 4, "rollout_time_s": 2.0},
+            {**base, "experiment": "fig14", "lent_gpus": 4, "rollout_time_s": 2.0, "speedup": 1.0},
             {**base, "experiment": "fig12", "per_gpu_batch": 16, "throughput_tok_s": 3.0},
             {**base, "experiment": "fig9", "tpot_p99_ms": 100.0},
-            {**base, "experiment": "table2", "rollout_time_s": 90.0},
-            {**base, "experiment": "table5", "ttft_p99_ms": 300.0},
+            {**base, "experiment": "table2", "rollout_time_s": 90.0, "tpot_p99_ms": 100.0},
+            {**base, "experiment": "table5", "ttft_p99_ms": 300.0, "rollout_time_s": 90.0},
             {**base, "experiment": "fig10", "transfer_s": 8.0},
         ]
     paths = ex.plot(records, tmp_path)
     names = {"fig7", "fig8", "fig14", "fig12", "fig9", "table2", "table5", "fig10", "fig10b"}
+    names |= {"fig7_speedup", "fig8_speedup", "fig8b", "fig14_speedup"}
+    names |= {"table2_tpot", "table5_rollout"}
     assert {p.name for p in paths} == {f"{n}.png" for n in names}
     assert all(p.stat().st_size > 0 for p in paths)
 

@@ -328,6 +328,31 @@ def fig16_tasks(cells: Callable[[WorkloadKind, str], Scenario]) -> Iterator[Task
     return _ablation_tasks("fig16", cells, _with_extension(variants, "heddle"), lambda r: {})
 
 
+# Table 2 (§7.5) as stated: seconds per decision of the placement DP and of the resource
+# manager, per model and workload (coding, search, math), at the paper's 64 GPUs
+TABLE2_PAPER = {
+    ("qwen3-8b", "placement"): (0.036, 0.037, 0.036),
+    ("qwen3-8b", "resource_manager"): (5.69, 5.27, 5.06),
+    ("qwen3-14b", "placement"): (0.038, 0.037, 0.036),
+    ("qwen3-14b", "resource_manager"): (5.05, 4.99, 4.97),
+    ("qwen3-32b", "placement"): (0.037, 0.038, 0.036),
+    ("qwen3-32b", "resource_manager"): (5.06, 5.01, 4.98),
+}
+# The speedups §7.1-7.4 state, as ranges over the workloads (and models, for Fig. 12): Heddle
+# over each baseline (Fig. 12), PPS over the other schedulers (Fig. 14), Heddle's placement
+# over least-load and cache-aware (Fig. 15)
+SPEEDUP_PAPER = {
+    "fig12": {"verl": (1.4, 2.3), "verl_star": (1.1, 2.4), "slime": (1.2, 2.5)},
+    "fig14": {"fcfs": (1.1, 1.26), "rr": (1.1, 1.26), "sjf": (1.1, 1.26)},
+    "fig15": {"least_load": (1.2, 1.5), "cache_aware": (1.2, 1.5)},
+}
+
+
+def _paper_ms(model: str, policy: str, kind: WorkloadKind) -> float | None:
+    stated = TABLE2_PAPER.get((model, policy))
+    return None if stated is None else 1e3 * stated[WORKLOADS.index(kind)]
+
+
 def table2_tasks(
     cells: Callable[[WorkloadKind, str], Scenario], models: tuple[str, ...], repeats: int
 ) -> Iterator[Task]:
@@ -356,12 +381,19 @@ def table2_tasks(
                     "gpus": scn.scale.gpus,
                 }
                 return [
-                    {**common, "policy": "placement", "workers": len(costs), "decision_ms": place},
+                    {
+                        **common,
+                        "policy": "placement",
+                        "workers": len(costs),
+                        "decision_ms": place,
+                        "paper_decision_ms": _paper_ms(model, "placement", kind),
+                    },
                     {
                         **common,
                         "policy": "resource_manager",
                         "workers": len(costs),
                         "decision_ms": manage,
+                        "paper_decision_ms": _paper_ms(model, "resource_manager", kind),
                     },
                 ]
 
@@ -401,8 +433,12 @@ def run_experiments(
     return len(tasks), iter(tasks)
 
 
+THROUGHPUT = "rollout throughput (tokens/s)"
+
+
 def plot(records: list[Record], out: Path) -> list[Path]:
-    """Fig. 12–16 as PNG bar charts under `out`."""
+    """Fig. 12-16 and Table 2 as PNG bar charts under `out`; Heddle's speedups beside the
+    ranges the paper states (Fig. 12, 14, 15) and Table 2's times as black markers."""
     by = by_experiment(records)
     paths = []
     if "fig12" in by:
@@ -413,32 +449,41 @@ def plot(records: list[Record], out: Path) -> list[Path]:
                 hue="policy",
                 metric="throughput_tok_s",
                 facet="model",
+                ylabel=THROUGHPUT,
                 path=out / "fig12.png",
-                title="Fig. 12: rollout throughput (tokens/s)",
+                title="Fig. 12: rollout throughput",
             )
         )
     if "fig13" in by:
-        for metric in ("recall", "pearson"):
+        for metric, ylabel in (
+            ("recall", "recall (fraction)"),
+            ("pearson", "Pearson r (coefficient)"),
+        ):
             paths.append(
                 bar_plot(
                     by["fig13"],
                     x="workload",
                     hue="policy",
                     metric=metric,
+                    ylabel=ylabel,
                     path=out / f"fig13_{metric}.png",
                     title=f"Fig. 13: prediction {metric}",
                 )
             )
     if "fig14" in by:
-        for metric in ("rollout_time_s", "longest_queue_delay_s"):
+        for metric, ylabel in (
+            ("rollout_time_s", "rollout time (s)"),
+            ("longest_queue_delay_s", "longest queueing delay (s)"),
+        ):
             paths.append(
                 bar_plot(
                     by["fig14"],
                     x="workload",
                     hue="policy",
                     metric=metric,
+                    ylabel=ylabel,
                     path=out / f"fig14_{metric}.png",
-                    title=f"Fig. 14: scheduling, {metric}",
+                    title=f"Fig. 14: scheduling, {metric.removesuffix('_s').replace('_', ' ')}",
                 )
             )
     for exp, title in (("fig15", "placement"), ("fig16", "resource manager")):
@@ -449,8 +494,9 @@ def plot(records: list[Record], out: Path) -> list[Path]:
                     x="workload",
                     hue="policy",
                     metric="throughput_tok_s",
+                    ylabel=THROUGHPUT,
                     path=out / f"{exp}.png",
-                    title=f"Fig. {exp[3:]}: {title}, throughput (tokens/s)",
+                    title=f"Fig. {exp[3:]}: {title}, throughput",
                 )
             )
     if "table2" in by:
@@ -460,11 +506,53 @@ def plot(records: list[Record], out: Path) -> list[Path]:
                 x="workload",
                 hue="policy",
                 metric="decision_ms",
+                paper="paper_decision_ms",  # Table 2, TABLE2_PAPER
                 facet="model",
+                ylabel="decision time (ms)",
                 path=out / "table2.png",
-                title="Table 2: decision time (ms)",
+                title="Table 2: decision time",
             )
         )
+    paths += _speedup_plots(records, out)
+    return paths
+
+
+def _speedup_plots(records: list[Record], out: Path) -> list[Path]:
+    """Heddle's (or PPS's) speedup over each baseline, from `summary`'s rows, beside the
+    range the paper states for it (SPEEDUP_PAPER)."""
+    paths = []
+    for exp, stated in SPEEDUP_PAPER.items():
+        rows = [
+            {
+                "workload": f"{r['workload']} {r['model'].removeprefix('qwen3-')}"
+                if exp == "fig12"
+                else r["workload"],
+                "over": base,
+                "speedup": r[f"vs_{base}"],
+                "paper_speedup": span,
+            }
+            for r in records
+            if r["experiment"] == "summary"
+            and (r.get("ablation") == exp or (exp == "fig12" and "ablation" not in r))
+            and r["policy"] in ("heddle", "pps")
+            for base, span in stated.items()
+            if f"vs_{base}" in r
+        ]
+        if rows:
+            who = "PPS" if exp == "fig14" else "Heddle"
+            paths.append(
+                bar_plot(
+                    rows,
+                    x="workload",
+                    hue="over",
+                    metric="speedup",
+                    paper="paper_speedup",  # §7.1-7.3, ranges as stated
+                    label=lambda b: f"over {b}",
+                    ylabel=f"{who}'s speedup (×)",
+                    path=out / f"{exp}_speedup.png",
+                    title=f"Fig. {exp[3:]}: {who}'s speedup, the paper's range beside it",
+                )
+            )
     return paths
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,12 +25,17 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 __all__ = [
+    "PAPER_STYLE",
     "Record",
     "Task",
+    "bar_figure",
     "bar_plot",
     "by_experiment",
+    "line_figure",
     "line_plot",
     "print_tables",
+    "records_doc",
+    "save_figure",
     "write_csvs",
     "write_json",
 ]
@@ -102,63 +108,170 @@ def write_csvs(records: Sequence[Record], out_dir: Path) -> list[Path]:
     return paths
 
 
+def records_doc(system: str, seed: int, quick: bool, records: Sequence[Record]) -> dict[str, Any]:
+    """The JSON document of a reproduction (DESIGN.md, "Experiments are the contract")."""
+    return {"system": system, "seed": seed, "quick": quick, "records": list(records)}
+
+
 def write_json(path: Path, system: str, seed: int, quick: bool, records: Sequence[Record]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"system": system, "seed": seed, "quick": quick, "records": list(records)}
+    doc = records_doc(system, seed, quick, records)
     path.write_text(json.dumps(doc, indent=1, default=float) + "\n")
 
 
-def bar_plot(
+PAPER_STYLE = {"color": "black", "zorder": 5}
+"""How the paper's values are drawn: black, above Loom's bars and lines."""
+
+
+def _paper_value(r: Record, paper: str | None) -> tuple[float, float] | None:
+    """The paper's value of a record as (low, high): a stated figure (low == high) or a stated
+    range (a pair); None where the paper gives none (absent, None, NaN)."""
+    if paper is None:
+        return None
+    v = r.get(paper)
+    if v is None or v == "":
+        return None
+    lo, hi = (float(v[0]), float(v[1])) if isinstance(v, (tuple, list)) else (float(v), float(v))
+    return None if math.isnan(lo) or math.isnan(hi) else (lo, hi)
+
+
+def bar_figure(
     rows: Sequence[Record],
     *,
     x: str,
     hue: str,
     metric: str,
-    path: Path,
+    ylabel: str,
+    xlabel: str | None = None,
+    paper: str | None = None,
     facet: str | None = None,
     title: str = "",
     label: Callable[[str], str] = str,
-) -> Path:
-    """Grouped bars: one group per value of `x`, one bar per `hue`, one panel per `facet`."""
+    logy: bool = False,
+) -> Figure:
+    """Grouped bars: one group per value of `x`, one bar per `hue`, one panel per `facet`.
+    `ylabel` names the metric with its unit. Where a record carries the paper's value under
+    `paper`, a black diamond sits on that bar at the paper's height ("paper"); where it
+    carries a stated range (a pair), a black bracket spans it ("paper (range)"). `logy` for
+    values that span orders of magnitude."""
     facets = sorted({str(r[facet]) for r in rows}) if facet else [""]
-    fig, axes = plt.subplots(1, len(facets), figsize=(4.2 * len(facets), 3.4), squeeze=False)
+    groups = max(len({str(r[x]) for r in rows if not facet or str(r[facet]) == f}) for f in facets)
+    width_in = max(4.2, 0.75 * groups)
+    fig, axes = plt.subplots(1, len(facets), figsize=(width_in * len(facets), 3.4), squeeze=False)
     for ax, fv in zip(axes[0], facets, strict=True):
         sub = [r for r in rows if not facet or str(r[facet]) == fv]
         xs = list(dict.fromkeys(str(r[x]) for r in sub))
         hues = list(dict.fromkeys(str(r[hue]) for r in sub))
         width = 0.8 / max(len(hues), 1)
+        points: list[tuple[float, float]] = []
+        ranges: list[tuple[float, float, float]] = []
         for j, h in enumerate(hues):
-            vals = [
-                next((float(r[metric]) for r in sub if str(r[x]) == xv and str(r[hue]) == h), 0.0)
-                for xv in xs
-            ]
-            ax.bar([i + j * width for i in range(len(xs))], vals, width, label=label(h))
-        ax.set_xticks([i + width * (len(hues) - 1) / 2 for i in range(len(xs))], xs)
+            cell = {str(r[x]): r for r in sub if str(r[hue]) == h}
+            pos = [i + j * width for i in range(len(xs))]
+            vals = [float(cell[xv][metric]) if xv in cell else 0.0 for xv in xs]
+            ax.bar(pos, vals, width, label=label(h))
+            for p, xv in zip(pos, xs, strict=True):
+                pv = _paper_value(cell[xv], paper) if xv in cell else None
+                if pv is not None and pv[0] == pv[1]:
+                    points.append((p, pv[0]))
+                elif pv is not None:
+                    ranges.append((p, pv[0], pv[1]))
+        if points:
+            ax.scatter(
+                [m[0] for m in points],
+                [m[1] for m in points],
+                marker="D",
+                s=22,
+                label="paper",
+                **PAPER_STYLE,
+            )
+        if ranges:
+            mid = [(lo + hi) / 2 for _, lo, hi in ranges]
+            ax.errorbar(
+                [m[0] for m in ranges],
+                mid,
+                yerr=[
+                    [m - lo for m, (_, lo, _) in zip(mid, ranges, strict=True)],
+                    [hi - m for m, (_, _, hi) in zip(mid, ranges, strict=True)],
+                ],
+                fmt="none",
+                capsize=3,
+                label="paper (range)",
+                ecolor="black",
+                zorder=5,
+            )
+        ticks = [i + width * (len(hues) - 1) / 2 for i in range(len(xs))]
+        long = max(map(len, xs), default=0) > 8
+        ax.set_xticks(ticks, xs, rotation=30 if long else 0, ha="right" if long else "center")
         ax.set_title(fv)
-        ax.set_ylabel(metric)
-    axes[0][0].legend(fontsize=7)
-    return _save(fig, path, title)
+        ax.set_xlabel(xlabel if xlabel is not None else x.replace("_", " "))
+        ax.set_ylabel(ylabel)
+        if logy:
+            ax.set_yscale("log")
+    for ax in axes[0]:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+            break
+    fig.suptitle(title)
+    return fig
 
 
-def line_plot(
-    rows: list[Record], *, x: str, metric: str, hue: str, facet: str, path: Path, title: str
-) -> Path:
+def bar_plot(rows: Sequence[Record], *, path: Path, **kw: Any) -> Path:
+    """`bar_figure` saved as a PNG at `path`."""
+    return save_figure(bar_figure(rows, **kw), path)
+
+
+def line_figure(
+    rows: Sequence[Record],
+    *,
+    x: str,
+    metric: str,
+    hue: str,
+    facet: str,
+    xlabel: str,
+    ylabel: str,
+    paper: str | None = None,
+    title: str = "",
+) -> Figure:
+    """One line per `hue` over `x`, one panel per `facet`; both axes labelled with units.
+    Where records carry the paper's value under `paper`, a dashed black line with "x"
+    markers of the same series, labelled "<hue> (paper)", runs beside Loom's."""
     facets = list(dict.fromkeys(str(r[facet]) for r in rows))
     fig, axes = plt.subplots(1, len(facets), figsize=(4.2 * len(facets), 3.4), squeeze=False)
     for ax, fv in zip(axes[0], facets, strict=True):
         sub = [r for r in rows if str(r[facet]) == fv]
         for h in dict.fromkeys(str(r[hue]) for r in sub):
-            pts = sorted((float(r[x]), float(r[metric])) for r in sub if str(r[hue]) == h)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=h)
+            mine = sorted((r for r in sub if str(r[hue]) == h), key=lambda r: float(r[x]))
+            (line,) = ax.plot(
+                [float(r[x]) for r in mine], [float(r[metric]) for r in mine], marker=".", label=h
+            )
+            pts = [(float(r[x]), _paper_value(r, paper)) for r in mine]
+            known = [(px, pv[0]) for px, pv in pts if pv is not None]
+            if known:
+                ax.plot(
+                    [p[0] for p in known],
+                    [p[1] for p in known],
+                    linestyle="--",
+                    marker="x",
+                    markeredgecolor=line.get_color(),
+                    label=f"{h} (paper)",
+                    **PAPER_STYLE,
+                )
         ax.set_title(fv)
-        ax.set_xlabel(x)
-        ax.set_ylabel(metric)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
         ax.legend(fontsize=7)  # NOTE: each workload has its own baseline
-    return _save(fig, path, title)
-
-
-def _save(fig: Figure, path: Path, title: str) -> Path:
     fig.suptitle(title)
+    return fig
+
+
+def line_plot(rows: Sequence[Record], *, path: Path, **kw: Any) -> Path:
+    """`line_figure` saved as a PNG at `path`."""
+    return save_figure(line_figure(rows, **kw), path)
+
+
+def save_figure(fig: Figure, path: Path) -> Path:
+    """Write `fig` as a PNG (110 dpi) at `path` and close it."""
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

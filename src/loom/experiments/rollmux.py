@@ -39,6 +39,30 @@ MICRO = {
     "train": ("type_d", "type_d", "type_e"),
     "spatial": ("type_c", "type_d", "type_d"),
 }
+# The paper's values, as stated in its text and tables (none read off a chart):
+# §7.2: RollMux's cost-efficiency gain over each baseline per micro-benchmark (Fig. 10a-c),
+# "82%, 55.6%, and 46.8% over Solo-D, Gavel+, and veRL" and so on, as factors.
+FIG10_PAPER_GAIN = {
+    "temporal": {"solo_d": 1.82, "gavel_plus": 1.556, "verl": 1.468},
+    "train": {"solo_d": 2.04, "gavel_plus": 1.619, "verl": 1.299},
+    "spatial": {"solo_d": 2.11, "gavel_plus": 1.851, "verl": 1.661},
+}
+# Table 4: normalized training throughput (Solo Disaggregation = 1.00)
+TABLE4_PAPER = {
+    "temporal": {"solo_d": 1.00, "ideal": 1.07, "rollmux": 0.98},
+    "train": {"solo_d": 1.00, "ideal": 1.07, "rollmux": 0.95},
+    "spatial": {"solo_d": 1.00, "ideal": 1.11, "rollmux": 0.91},
+}
+# App. (Fig. 15, simulation, Mixed workload): cost over Offline Optimal's ("1.06x",
+# "1.97x and 1.66x of optimal") and SLO attainment ("100%", "60% and 62%"), stated in the text
+FIG15_PAPER = {
+    "rollmux": (1.06, 1.00),
+    "random": (1.97, 0.60),
+    "greedy": (1.66, 0.62),
+    "opt": (1.00, 1.00),
+}
+# §7.4 (testbed): RollMux is 1.84x more cost-efficient than Solo-D and 1.38x than veRL
+TESTBED_PAPER = {"solo_d_cost_over_this_x": 1.84, "verl_cost_over_this_x": 1.38}
 TABLE5_JOBS = (5, 9, 13, 100, 500, 1000, 2000)
 GANTT_ITERATIONS = 3
 
@@ -102,7 +126,11 @@ def fig14c(seed: int, quick: bool) -> list[Record]:
 
 
 def fig15(seed: int, quick: bool) -> list[Record]:
-    return _sched_rows("fig15", _trace_jobs("mixed", seed, quick), seed, 5, workload="mixed")
+    rows = _sched_rows("fig15", _trace_jobs("mixed", seed, quick), seed, 5, workload="mixed")
+    for r in rows:
+        cost, slo = FIG15_PAPER.get(r["policy"], (None, None))
+        r["paper_cost_vs_opt"], r["paper_slo_attainment"] = cost, slo
+    return rows
 
 
 def testbed_cmp(seed: int, quick: bool) -> list[Record]:
@@ -124,6 +152,7 @@ def testbed_cmp(seed: int, quick: bool) -> list[Record]:
             "rollout_bubble_share": r.bubble_share("rollout"),
             "training_bubble_share": r.bubble_share("training"),
             "slo_attainment": r.slo_attainment,
+            **{f"paper_{m}": v for m, v in TESTBED_PAPER.items() if k == "rollmux"},
         }
         for k, r in res.items()
     ]
@@ -173,6 +202,7 @@ def fig10_table4(seed: int, quick: bool) -> list[Record]:
                     "policy": k,
                     "iterations_per_usd": eff[k],
                     "rollmux_gain_x": eff["rollmux"] / eff[k],
+                    "paper_rollmux_gain_x": FIG10_PAPER_GAIN[bench].get(k),
                     "cost_per_h": r.cost_per_h,
                 }
             )
@@ -187,6 +217,7 @@ def fig10_table4(seed: int, quick: bool) -> list[Record]:
                     "benchmark": bench,
                     "policy": label,
                     "normalized_throughput": norm[k] / norm["solo_d"],
+                    "paper_normalized_throughput": TABLE4_PAPER[bench][label],
                 }
             )
     return rows
@@ -284,10 +315,28 @@ def _past(deadline: float) -> bool:
     return time.perf_counter() > deadline
 
 
+YLABELS = {
+    "cost_vs_opt": "cost / Offline Optimal's (×)",
+    "slo_attainment": "SLO attainment (fraction of jobs)",
+}
+XLABELS = {
+    "workload": "workload",
+    "slo": "job SLO (× solo iteration time)",
+    "max_group_size": "max group size (jobs)",
+}
+
+
 def plot(records: list[Record], out: Path) -> list[Path]:
+    """Fig. 10, 12, 14 and 15, Table 4 and §7.4's testbed as PNG charts under `out`, the
+    paper's stated values as black markers."""
     by = by_experiment(records)
     paths = []
-    for exp, x in (("fig14a", "workload"), ("fig14b", "slo"), ("fig14c", "max_group_size")):
+    for exp, x in (
+        ("fig14a", "workload"),
+        ("fig14b", "slo"),
+        ("fig14c", "max_group_size"),
+        ("fig15", "workload"),
+    ):
         for metric in ("cost_vs_opt", "slo_attainment"):
             if exp in by:
                 paths.append(
@@ -296,8 +345,11 @@ def plot(records: list[Record], out: Path) -> list[Path]:
                         x=x,
                         hue="policy",
                         metric=metric,
+                        paper=f"paper_{metric}" if exp == "fig15" else None,
+                        xlabel=XLABELS[x],
+                        ylabel=YLABELS[metric],
                         path=out / f"{exp}_{metric}.png",
-                        title=f"{exp}: {metric}",
+                        title=f"Fig. {exp[3:]}: {metric.replace('_', ' ')}",
                     )
                 )
     if "fig10" in by:
@@ -307,8 +359,37 @@ def plot(records: list[Record], out: Path) -> list[Path]:
                 x="benchmark",
                 hue="policy",
                 metric="iterations_per_usd",
+                xlabel="micro-benchmark",
+                ylabel="cost efficiency (iterations / $)",
                 path=out / "fig10.png",
                 title="Fig. 10: cost efficiency",
+            )
+        )
+        paths.append(
+            bar_plot(
+                by["fig10"],
+                x="benchmark",
+                hue="policy",
+                metric="rollmux_gain_x",
+                paper="paper_rollmux_gain_x",  # §7.2
+                xlabel="micro-benchmark",
+                ylabel="RollMux's gain (×)",
+                path=out / "fig10_gain.png",
+                title="Fig. 10: RollMux's gain in cost efficiency",
+            )
+        )
+    if "table4" in by:
+        paths.append(
+            bar_plot(
+                by["table4"],
+                x="benchmark",
+                hue="policy",
+                metric="normalized_throughput",
+                paper="paper_normalized_throughput",  # Table 4
+                xlabel="micro-benchmark",
+                ylabel="throughput / Solo-D's (ratio)",
+                path=out / "table4.png",
+                title="Table 4: normalized training throughput",
             )
         )
     if "fig10_gantt" in by:
@@ -323,10 +404,26 @@ def plot(records: list[Record], out: Path) -> list[Path]:
                 hue="policy",
                 metric="sync_s",
                 facet="gpus",
+                ylabel="weight sync time (s)",
                 path=out / "fig12.png",
-                title="Fig. 12: sync time (s)",
+                title="Fig. 12: sync time, by GPUs per side",
             )
         )
+    if "testbed" in by:
+        for metric in TESTBED_PAPER:
+            paths.append(
+                bar_plot(
+                    [{**r, "trace": "production"} for r in by["testbed"]],
+                    x="trace",
+                    hue="policy",
+                    metric=metric,
+                    paper=f"paper_{metric}",  # §7.4
+                    xlabel="trace",
+                    ylabel=f"{metric.split('_cost')[0]}'s cost / policy's (×)",
+                    path=out / f"testbed_{metric.split('_cost')[0]}.png",
+                    title="§7.4 testbed: cost efficiency",
+                )
+            )
     return paths
 
 

@@ -678,6 +678,29 @@ def table3_tasks(scale: RoseScale, seed: int) -> Iterator[Task]:
         yield f"table3 {key}", thunk
 
 
+PAPER_COSERVE_KEYS = ("paper_rollout_time_s", "paper_ttft_p99_ms", "paper_tpot_p99_ms")
+# The paper's rollout time (s), P99 TTFT (ms) and P99 TPOT (ms) per (experiment, model, variant),
+# as its Tables 2 (§6.2), 4 (App. C) and 5 (App. D) state them
+COSERVE_PAPER: dict[tuple[str, str, str], tuple[float, float, float]] = {
+    ("table2", "8b", "static_partition"): (776.7, 330.95, 1488.2),
+    ("table2", "8b", "+memory_preemption"): (591.7, 517.9, 162.8),
+    ("table2", "8b", "+prefix_caching"): (469.3, 333.6, 186.3),
+    ("table2", "32b", "static_partition"): (1310.5, 603.0, 7021.1),
+    ("table2", "32b", "+memory_preemption"): (959.7, 651.3, 503.8),
+    ("table2", "32b", "+prefix_caching"): (920.4, 640.6, 483.2),
+    ("table4", "8b", "lease_10s"): (496.3, 338.11, 136.13),
+    ("table4", "8b", "lease_20s"): (497.1, 334.71, 135.28),
+    ("table4", "8b", "lease_50s"): (492.2, 371.10, 140.70),
+    ("table4", "8b", "lease_100s"): (502.1, 491.90, 148.10),
+    ("table5", "8b", "density_1"): (496.3, 338.1, 136.1),
+    ("table5", "8b", "density_1.5"): (511.7, 380.2, 149.0),
+    ("table5", "8b", "density_2"): (569.9, 459.1, 150.1),
+    ("table5", "32b", "density_1"): (960.1, 837.5, 398.1),
+    ("table5", "32b", "density_1.5"): (977.7, 870.2, 421.3),
+    ("table5", "32b", "density_2"): (989.9, 899.1, 441.2),
+}
+
+
 def _coserve_tasks(
     experiment: str,
     scale: RoseScale,
@@ -694,6 +717,9 @@ def _coserve_tasks(
             for label, system in variants:
                 run = train(wl, replace(system, name=label), Algo.GRPO, scale.analysis_steps, seed)
                 rows.append(_row(experiment, key, run, **_serving_records(run, wl), **tags))
+                paper = COSERVE_PAPER.get((experiment, key, label))
+                if paper is not None:
+                    rows[-1].update(zip(PAPER_COSERVE_KEYS, paper, strict=True))
                 for k, v in _variant_fields(system).items():
                     rows[-1].setdefault(k, v)
             return rows
@@ -852,19 +878,199 @@ def run_experiments(seed: int, quick: bool) -> tuple[int, Iterator[Task]]:
     return len(tasks), iter(tasks)
 
 
+ROLLOUT_S, TTFT, TPOT = "rollout time (s)", "P99 TTFT (ms)", "P99 TPOT (ms)"
+# One bar chart each: experiment, file, x, hue, metric, the paper's (None: it states none),
+# y label, title. The paper's values come from the records (PAPER, FIG8_PAPER, TABLE1_PAPER,
+# COSERVE_PAPER and rose_transfer's tables), each cited where it is defined.
+BARS: tuple[tuple[str, str, str, str, str, str | None, str, str], ...] = (
+    (
+        "fig7",
+        "fig7",
+        "baseline",
+        "policy",
+        "throughput_tok_s",
+        None,
+        "throughput (tokens/s)",
+        "Fig. 7: throughput",
+    ),
+    (
+        "fig7",
+        "fig7_speedup",
+        "baseline",
+        "policy",
+        "speedup",
+        "paper_speedup",
+        "ROSE's speedup (×)",
+        "Fig. 7: ROSE's speedup",
+    ),
+    ("fig8", "fig8", "policy", "model", "rollout_time_s", None, ROLLOUT_S, "Fig. 8a: rollout time"),
+    (
+        "fig8",
+        "fig8_speedup",
+        "policy",
+        "model",
+        "speedup",
+        "paper_speedup",
+        "rollout speedup over ROLL (×)",
+        "Fig. 8a: speedup over ROLL",
+    ),
+    (
+        "fig8",
+        "fig8b",
+        "policy",
+        "model",
+        "preempted_gpu_frac",
+        "paper_preempted_gpu_frac",
+        "preempted GPU time (fraction)",
+        "Fig. 8b: allocation overhead",
+    ),
+    ("fig9", "fig9", "policy", "model", "tpot_p99_ms", None, TPOT, "Fig. 9: serving TPOT P99"),
+    (
+        "table1",
+        "table1",
+        "policy",
+        "model",
+        "rollout_time_s",
+        "paper_rollout_time_s",
+        ROLLOUT_S,
+        "Table 1: rollout time",
+    ),
+    (
+        "table1",
+        "table1_ttft",
+        "policy",
+        "model",
+        "ttft_p99_ms",
+        "paper_p99_ms",
+        TTFT,
+        "Table 1: serving TTFT P99",
+    ),
+    (
+        "table2",
+        "table2",
+        "policy",
+        "model",
+        "rollout_time_s",
+        "paper_rollout_time_s",
+        ROLLOUT_S,
+        "Table 2: rollout time",
+    ),
+    (
+        "table2",
+        "table2_tpot",
+        "policy",
+        "model",
+        "tpot_p99_ms",
+        "paper_tpot_p99_ms",
+        TPOT,
+        "Table 2: serving TPOT P99",
+    ),
+    (
+        "table3",
+        "table3",
+        "policy",
+        "model",
+        "speedup",
+        "paper_speedup",
+        "rollout speedup over pinned (×)",
+        "Table 3: routing",
+    ),
+    (
+        "table4",
+        "table4",
+        "policy",
+        "model",
+        "ttft_p99_ms",
+        "paper_ttft_p99_ms",
+        TTFT,
+        "Table 4: serving TTFT P99 by lease",
+    ),
+    (
+        "table5",
+        "table5",
+        "policy",
+        "model",
+        "ttft_p99_ms",
+        "paper_ttft_p99_ms",
+        TTFT,
+        "Table 5: serving TTFT P99",
+    ),
+    (
+        "table5",
+        "table5_rollout",
+        "policy",
+        "model",
+        "rollout_time_s",
+        "paper_rollout_time_s",
+        ROLLOUT_S,
+        "Table 5: rollout time",
+    ),
+    (
+        "fig10",
+        "fig10",
+        "policy",
+        "model",
+        "transfer_s",
+        "paper_transfer_s",
+        "weight transfer time (s)",
+        "Fig. 10a: weight transfer",
+    ),
+)
+# One line chart each: experiment, file, x, x label, metric, y label, hue, the paper's, title
+LINES: tuple[tuple[str, str, str, str, str, str, str, str | None, str], ...] = (
+    (
+        "fig10b",
+        "fig10b",
+        "bandwidth_gbps",
+        "bandwidth (Gbps)",
+        "transfer_s",
+        "weight transfer time (s)",
+        "policy",
+        "paper_transfer_s",
+        "Fig. 10b: transfer vs bandwidth",
+    ),
+    (
+        "fig12",
+        "fig12",
+        "per_gpu_batch",
+        "per-GPU batch (requests)",
+        "throughput_tok_s",
+        "throughput (tokens/s)",
+        "policy",
+        None,
+        "Fig. 12: per-GPU batch",
+    ),
+    (
+        "fig14",
+        "fig14",
+        "lent_gpus",
+        "lent serving GPUs (GPUs)",
+        "rollout_time_s",
+        ROLLOUT_S,
+        "algo",
+        None,
+        "Fig. 14: rollout time vs lent GPUs",
+    ),
+    (
+        "fig14",
+        "fig14_speedup",
+        "lent_gpus",
+        "lent serving GPUs (GPUs)",
+        "speedup",
+        "speedup over no lent GPUs (×)",
+        "algo",
+        "paper_speedup",
+        "Fig. 14: speedup vs lent GPUs",
+    ),
+)
+
+
 def plot(records: list[Record], out: Path) -> list[Path]:
-    """Fig. 7, 8, 9, 10, 12, 14 and Tables 2 and 5 as PNG charts under `out`."""
+    """Fig. 7, 8, 9, 10, 12, 14 and Tables 1-5 as PNG charts under `out`, the paper's values
+    as black markers (bars) or dashed lines (lines) wherever it states them."""
     by = by_experiment(records)
     paths = []
-    bars = (
-        ("fig7", "baseline", "policy", "throughput_tok_s", "Fig. 7: throughput (tokens/s)"),
-        ("fig8", "policy", "model", "rollout_time_s", "Fig. 8a: rollout time (s)"),
-        ("fig9", "policy", "model", "tpot_p99_ms", "Fig. 9: serving TPOT P99 (ms)"),
-        ("table2", "policy", "model", "rollout_time_s", "Table 2: rollout time (s)"),
-        ("table5", "policy", "model", "ttft_p99_ms", "Table 5: serving TTFT P99 (ms)"),
-        ("fig10", "policy", "model", "transfer_s", "Fig. 10a: weight transfer (s)"),
-    )
-    for exp, x, hue, metric, title in bars:
+    for exp, stem, x, hue, metric, paper, ylabel, title in BARS:
         if exp in by:
             paths.append(
                 bar_plot(
@@ -872,17 +1078,14 @@ def plot(records: list[Record], out: Path) -> list[Path]:
                     x=x,
                     hue=hue,
                     metric=metric,
+                    paper=paper,
+                    ylabel=ylabel,
                     facet="model",
-                    path=out / f"{exp}.png",
+                    path=out / f"{stem}.png",
                     title=title,
                 )
             )
-    lines = (
-        ("fig10b", "bandwidth_gbps", "transfer_s", "policy", "Fig. 10b: transfer vs bandwidth"),
-        ("fig12", "per_gpu_batch", "throughput_tok_s", "policy", "Fig. 12: per-GPU batch"),
-        ("fig14", "lent_gpus", "rollout_time_s", "algo", "Fig. 14: rollout time vs lent GPUs"),
-    )
-    for exp, x, metric, hue, title in lines:
+    for exp, stem, x, xlabel, metric, ylabel, hue, paper, title in LINES:
         if exp in by:
             paths.append(
                 line_plot(
@@ -891,7 +1094,10 @@ def plot(records: list[Record], out: Path) -> list[Path]:
                     metric=metric,
                     hue=hue,
                     facet="model",
-                    path=out / f"{exp}.png",
+                    paper=paper,
+                    xlabel=xlabel,
+                    ylabel=ylabel,
+                    path=out / f"{stem}.png",
                     title=title,
                 )
             )

@@ -245,6 +245,18 @@ def fig9_tasks(runs: Runs, scale: TangramScale) -> Iterator[Task]:
 
 
 # ---- Table 1: ACT breakdown ----------------------------------------------------------------
+# Table 1 (§6.4) as stated: execution, queueing and system overhead per action of each cell
+# (Coding 1280, Coding 1536, MOPD 2048, MOPD 3072). NOTE: the table prints no unit; its values
+# are read as seconds per action, the unit of Loom's breakdown.
+TABLE1_PAPER = (
+    (0.975, 0.015, 0.024),
+    (1.206, 0.428, 0.036),
+    (0.621, 0.081, 0.201),
+    (0.705, 15.05, 0.240),
+)
+TABLE1_PAPER_KEYS = ("paper_exec_s", "paper_queue_s", "paper_overhead_s")
+
+
 def table1_tasks(runs: Runs, scale: TangramScale) -> Iterator[Task]:
     cells = [
         (W.CODING, scale.coding_batch(1280)),
@@ -252,9 +264,9 @@ def table1_tasks(runs: Runs, scale: TangramScale) -> Iterator[Task]:
         (W.MOPD, scale.gpu_batch),
         (W.MOPD, scale.gpu_batch * 3 // 2),
     ]
-    for wl, b in cells:
+    for (wl, b), paper in zip(cells, TABLE1_PAPER, strict=True):
 
-        def run(wl: W = wl, b: int = b) -> list[Record]:
+        def run(wl: W = wl, b: int = b, paper: tuple[float, ...] = paper) -> list[Record]:
             case, res = runs(
                 workload=wl.value,
                 policy=P.TANGRAM,
@@ -269,6 +281,7 @@ def table1_tasks(runs: Runs, scale: TangramScale) -> Iterator[Task]:
                     **res.breakdown(),
                     "avg_act_s": res.avg_act_s(),
                     "restores": int(res.counters["restores"]),
+                    **dict(zip(TABLE1_PAPER_KEYS, paper, strict=True)),
                 }
             ]
 
@@ -411,7 +424,18 @@ def _gpu_summary(records: list[Record], row: Callable[..., None]) -> None:
 
 
 # ---- plots ---------------------------------------------------------------------------------
+ACT_S = "average ACT (s)"
+SWEEP_X = {
+    "batch": ("batch_size", "RL batch size (actions)"),
+    "capacity": ("cpu_cores", "CPU cores (cores)"),
+    "cost": ("gpus", "GPUs (GPUs)"),
+}
+
+
 def plot(records: list[Record], out: Path) -> list[Path]:
+    """Fig. 6-9 and Table 1 as PNG charts under `out`; the paper's stated ratios (the summary's
+    rows with a paper figure) beside Loom's in `headlines.png`, and Table 1's values as black
+    markers."""
     by = by_experiment(records)
     paths = []
     if "fig6" in by:
@@ -422,8 +446,10 @@ def plot(records: list[Record], out: Path) -> list[Path]:
                 metric="avg_act_s",
                 hue="policy",
                 facet="workload",
+                xlabel="time into the run (s)",
+                ylabel=ACT_S,
                 path=out / "fig6.png",
-                title="Fig. 6: average ACT over time (s)",
+                title="Fig. 6: average ACT over time",
             )
         )
     if "fig7" in by:
@@ -434,12 +460,13 @@ def plot(records: list[Record], out: Path) -> list[Path]:
                     x="workload",
                     hue="policy",
                     metric=metric,
+                    ylabel=f"{metric.removesuffix('_s').replace('_', ' ')} time (s)",
                     path=out / f"fig7_{metric}.png",
-                    title=f"Fig. 7: {metric}",
+                    title=f"Fig. 7: {metric.removesuffix('_s').replace('_', ' ')}",
                 )
             )
     if "fig8" in by:
-        for sweep, x in (("batch", "batch_size"), ("capacity", "cpu_cores"), ("cost", "gpus")):
+        for sweep, (x, xlabel) in SWEEP_X.items():
             rows = [r for r in by["fig8"] if r["sweep"] == sweep]
             if rows:
                 paths.append(
@@ -449,8 +476,10 @@ def plot(records: list[Record], out: Path) -> list[Path]:
                         metric="avg_act_s",
                         hue="policy",
                         facet="resource",
+                        xlabel=xlabel,
+                        ylabel=ACT_S,
                         path=out / f"fig8_{sweep}.png",
-                        title=f"Fig. 8: average ACT over {x}",
+                        title=f"Fig. 8: average ACT over {x.replace('_', ' ')}",
                     )
                 )
     if "fig9" in by:
@@ -461,8 +490,10 @@ def plot(records: list[Record], out: Path) -> list[Path]:
                 hue="policy",
                 metric="avg_act_s",
                 facet="cpu_cores",
+                xlabel="RL batch size (actions)",
+                ylabel=ACT_S,
                 path=out / "fig9.png",
-                title="Fig. 9: elastic scheduling vs fixed DoP (avg ACT, s)",
+                title="Fig. 9: elastic scheduling vs fixed DoP, by CPU cores",
             )
         )
     if "table1" in by:
@@ -473,9 +504,46 @@ def plot(records: list[Record], out: Path) -> list[Path]:
                     x="batch_size",
                     hue="policy",
                     metric=metric,
+                    paper=f"paper_{metric}",  # Table 1, TABLE1_PAPER
                     facet="workload",
+                    xlabel="RL batch size (Loom's scale)",
+                    ylabel=f"{metric.removesuffix('_s')} time per action (s)",
                     path=out / f"table1_{metric}.png",
-                    title=f"Table 1: {metric} per action",
+                    title=f"Table 1: {metric.removesuffix('_s')} per action",
                 )
             )
+    headlines = [
+        {**r, "case": _case(r)}
+        for r in records
+        if r["experiment"] == "summary"
+        and not math.isnan(float(r["paper"]))
+        and "fraction" not in str(r["metric"])
+    ]
+    if headlines:
+        paths.append(
+            bar_plot(
+                headlines,
+                x="case",
+                hue="policy",
+                metric="value",
+                paper="paper",  # §6.2-6.4, as `summary` cites them
+                xlabel="figure, cell and baseline",
+                ylabel="gain over baseline (×)",
+                logy=True,
+                path=out / "headlines.png",
+                title="Tangram's gains beside the paper's",
+            )
+        )
     return paths
+
+
+def _case(r: Record) -> str:
+    """A short label of a summary row: its figure and cell, e.g. `fig9 b=1280 dop16`."""
+    metric = str(r["metric"])
+    base = metric.rsplit("_vs_", 1)[1] if "_vs_" in metric else ""
+    where = str(r.get("workload", ""))
+    if "batch_size" in r:
+        where += f" b={r['batch_size']}"
+    if r.get("cpu_cores"):
+        where += f" {r['cpu_cores']}c"
+    return f"{metric.split('_')[0]} {where} {base}".strip()
