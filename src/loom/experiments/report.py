@@ -159,7 +159,8 @@ def bar_figure(
     width_in = max(4.2, 0.75 * groups)
     fig, axes = plt.subplots(1, len(facets), figsize=(width_in * len(facets), 3.4), squeeze=False)
     for ax, fv in zip(axes[0], facets, strict=True):
-        sub = [r for r in rows if not facet or str(r[facet]) == fv]
+        # (a row without the metric, such as serving alone in a rollout table, has no bar)
+        sub = [r for r in rows if (not facet or str(r[facet]) == fv) and r.get(metric) is not None]
         xs = list(dict.fromkeys(str(r[x]) for r in sub))
         hues = list(dict.fromkeys(str(r[hue]) for r in sub))
         width = 0.8 / max(len(hues), 1)
@@ -239,7 +240,7 @@ def line_figure(
     facets = list(dict.fromkeys(str(r[facet]) for r in rows))
     fig, axes = plt.subplots(1, len(facets), figsize=(4.2 * len(facets), 3.4), squeeze=False)
     for ax, fv in zip(axes[0], facets, strict=True):
-        sub = [r for r in rows if str(r[facet]) == fv]
+        sub = [r for r in rows if str(r[facet]) == fv and r.get(metric) is not None]
         for h in dict.fromkeys(str(r[hue]) for r in sub):
             mine = sorted((r for r in sub if str(r[hue]) == h), key=lambda r: float(r[x]))
             (line,) = ax.plot(
