@@ -10,6 +10,7 @@ from loom.rollout.baselines import CacheAwareRouter
 from loom.rollout.engine_queue import EngineQueue, EngineSchedulingPolicy
 from loom.rollout.policy import WorkerLayout
 from loom.runtime.emulate import EmulatedEngineConfig, EmulationSpec
+from loom.runtime.rollout.standin import next_token, token_logprob
 from loom.sim.rollout.simulator import RolloutConfig, RolloutResult, RolloutSimulator
 
 
@@ -53,3 +54,15 @@ def simulate(specs: list[TrajectorySpec], cfg: EmulatedEngineConfig) -> RolloutR
         ),
     )
     return sim.run()
+
+
+def reference(prompt: list[int], n: int) -> tuple[list[int], list[float]]:
+    """The stand-in model's greedy continuation of `prompt` and its logprobs (what every
+    engine in these tests generates)."""
+    ctx, toks, lps = list(prompt), [], []
+    for _ in range(n):
+        t = next_token(ctx)
+        lps.append(token_logprob(ctx, t))
+        toks.append(t)
+        ctx.append(t)
+    return toks, lps

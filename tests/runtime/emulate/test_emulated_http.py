@@ -13,11 +13,11 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from emulated_batch import batch, config, simulate
+from emulated_batch import batch, config, reference, simulate
 
 from loom.core.trajectory import TrajectorySpec
 from loom.runtime.emulate import EmulatedEngine, EmulatedProcess, Request
-from loom.runtime.rollout.standin import next_token, token_logprob
+from loom.runtime.rollout.standin import token_logprob
 from loom.sim.engine import Engine
 
 SPEC = "qwen3-14b@h100:tp2"
@@ -38,16 +38,6 @@ def engine() -> Iterator[EmulatedProcess]:
     module's tests: each reads counts relative to where it found them."""
     with EmulatedProcess(SPEC, "--scheduling-policy", "fcfs", "--max-running", "16") as e:
         yield e
-
-
-def reference(prompt: list[int], n: int) -> tuple[list[int], list[float]]:
-    ctx, toks, lps = list(prompt), [], []
-    for _ in range(n):
-        t = next_token(ctx)
-        lps.append(token_logprob(ctx, t))
-        toks.append(t)
-        ctx.append(t)
-    return toks, lps
 
 
 # ---- timing ------------------------------------------------------------------------------------

@@ -11,10 +11,10 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from emulated_batch import reference
 
 from loom.runtime.emulate import EmulatedProcess
 from loom.runtime.rollout import BackgroundRouter, EngineConfig, RolloutServerConfig
-from loom.runtime.rollout.standin import next_token, token_logprob
 
 SPEC = "qwen3-14b@h100:tp2"
 
@@ -36,16 +36,6 @@ def serve(engines: list[EmulatedProcess], max_running: int = 8, **settings: obje
     )
     with BackgroundRouter(cfg) as r, httpx.Client(base_url=r.url, timeout=300) as http:
         yield http
-
-
-def reference(prompt: list[int], n: int) -> tuple[list[int], list[float]]:
-    ctx, toks, lps = list(prompt), [], []
-    for _ in range(n):
-        t = next_token(ctx)
-        lps.append(token_logprob(ctx, t))
-        toks.append(t)
-        ctx.append(t)
-    return toks, lps
 
 
 def complete(http: httpx.Client, key: str, prompt: list[int], n: int, **extra: object) -> dict:
