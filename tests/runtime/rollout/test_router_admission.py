@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -209,6 +210,46 @@ def test_a_waiting_turn_goes_to_whichever_engine_frees_first(rig) -> None:
         t.join(60)
     for key in ("long", "short", "late"):
         r.http.post(f"/v1/trajectories/{key}/end")
+
+
+def test_slimes_abort_loop_ends_turns_running_and_waiting_in_the_router(rig) -> None:
+    """slime's abort loop over an admitting router: four turns run (each engine says it runs
+    two at once), two wait in the router. Every turn ends abort with what it generated, the
+    waiting ones never reach an engine (ending the running ones frees slots: the waiting
+    turns must not be started there only to be aborted), and nothing runs on the engines
+    afterwards."""
+    r: Rig = rig(2, step_ms=10, max_running=None, engine_running=2, placement="least_load")
+    with ThreadPoolExecutor(6) as pool:
+        futures = [pool.submit(r.gen, None, 3000, [3, 4, i]) for i in range(6)]
+        _until(
+            r,
+            lambda s: (
+                all(e["running"] == 2 for e in s["engines"].values())
+                and sum(e["waiting"] for e in s["engines"].values()) + s["held"] == 2
+                and all(e["tokens"] > 0 for e in s["engines"].values())
+            ),
+        )
+        urls = [w["url"] for w in r.http.get("/workers").json()["workers"]]
+        aborted = []
+        for _ in range(20):  # slime's abort_servers_until_idle
+            for url in urls:
+                aborted.append(
+                    r.http.post(url + "/abort_request", json={"abort_all": True}).json()["aborted"]
+                )
+            loads = [
+                r.http.get(url + "/v1/loads", params={"include": "core"}).json() for url in urls
+            ]
+            if sum(x["num_total_reqs"] for load in loads for x in load["loads"]) == 0:
+                break
+        outs = [f.result(60).json() for f in futures]
+    assert aborted[0] == 6 and sum(aborted) == 6
+    assert all(o["meta_info"]["finish_reason"]["type"] == "abort" for o in outs)
+    assert all(len(o["output_ids"]) < 3000 for o in outs)
+    sent = [q["input_ids"][2] for e in r.engines for q in e.get("/debug/requests")]
+    assert len(sent) == 4 == len(set(sent))  # the waiting turns were never sent to be aborted
+    assert all(outs[i]["output_ids"] == [] for i in range(6) if i not in sent)
+    assert sum(e["admitted"] for e in r.stats()["engines"].values()) == 4
+    _until(r, lambda _: all(e.get("/debug/stats")["running"] == 0 for e in r.engines))
 
 
 # ---- the prefill gate ----------------------------------------------------------------------

@@ -265,6 +265,9 @@ class RolloutDriver:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._fitting = False
         self._closing = False
+        # turns are being ended together (an abort): the slots they free stay empty until
+        # all have ended, so that none of them starts at an engine only to be aborted there
+        self._ending = False
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -514,7 +517,7 @@ class RolloutDriver:
     def _offer_held(self) -> None:
         """Capacity changed: place the held turns that now fit. A change while they are
         being placed (a turn ends, an engine goes) offers them again once this pass ends."""
-        if not self._held or self._closing:
+        if not self._held or self._closing or self._ending:
             return
         if self._offering:
             self._offer_again = True
@@ -601,6 +604,8 @@ class RolloutDriver:
         return self.scheduler.outranks(waiting[2], running[2])
 
     def _pump(self, e: EngineState) -> None:
+        if self._ending:
+            return
         while e.alive and e.waiting and e.has_slot():
             self._run(e, e.waiting.pop(0))
         if e.has_slot() and e.routable and not self.router.central_queue:
@@ -643,7 +648,7 @@ class RolloutDriver:
         """`f` has a slot and nothing of its own waiting: it takes the best turn waiting at
         another engine (at the current weights) whose wait there exceeds what prefilling it
         at `f` costs beyond prefilling it there; an aged turn moves whatever it costs."""
-        if f.version != self.version or f.waiting:
+        if f.version != self.version or f.waiting or self._ending:
             return
         while f.has_slot() and not f.waiting:
             pick = self._late_pick(f)
@@ -1036,23 +1041,34 @@ class RolloutDriver:
             turns = [turn for t in self.trajectories.values() for turn in t.active.values()]
         else:
             turns = [turn for rid in rids for turn in self._by_rid.get(rid, ())]
-        for turn in turns:
-            if not turn.ended:
-                turn.finish_reason = "abort"
-                turn.abort_message = ABORTED_BY_REQUEST
-                self.counts["aborted"] += 1
-                self._end(turn)
+        self._end_aborted(turns, ABORTED_BY_REQUEST, "aborted")
         return len(turns)
 
     def abandon(self, turns: Iterable[Turn]) -> None:
         """The client went away: stop its turns wherever they are and keep what they
         generated."""
-        for turn in turns:
-            if not turn.ended:
-                turn.finish_reason = "abort"
-                turn.abort_message = "the client went away"
-                self.counts["abandoned"] += 1
-                self._end(turn)
+        self._end_aborted(list(turns), "the client went away", "abandoned")
+
+    def _end_aborted(self, turns: Sequence[Turn], message: str, counter: str) -> None:
+        """End `turns` wherever they are with what they generated, marked abort; only then
+        do the slots they freed take other turns. NOTE: ending a running turn fills its slot
+        at once (`_end` pumps its engine, late binding, held turns): filled from the same
+        batch, a waiting turn would start an attempt (an admission, an abort sent to its
+        engine) only to be ended a moment later."""
+        self._ending = True
+        try:
+            for turn in turns:
+                if not turn.ended:
+                    turn.finish_reason = "abort"
+                    turn.abort_message = message
+                    self.counts[counter] += 1
+                    self._end(turn)
+        finally:
+            self._ending = False
+        if not self._closing:
+            for e in self.live():
+                self._pump(e)
+            self._offer_held()
 
     async def _predict_loop(self) -> None:
         """Predict anew the trajectories that finished a turn (during their tool call), then
