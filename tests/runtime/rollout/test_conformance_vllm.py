@@ -19,6 +19,7 @@ import pytest
 
 from loom.runtime.engine import INSTALL_HINT, EnginePool, EngineProcess, engine_available
 from loom.runtime.rollout import BackgroundRouter, EngineConfig, RolloutServerConfig
+from loom.runtime.rollout.engines import vllm_load
 
 pytestmark = [
     pytest.mark.engine,
@@ -104,14 +105,26 @@ def test_slimes_rollout_request_and_parsing(router: BackgroundRouter, engines) -
     assert all(abs(a - b) < TOL for a, b in zip(log_probs, direct_lps, strict=False))
 
 
-@pytest.mark.xfail(
-    reason="known regression since the router admits by the engines' load reports (issue 28 "
-    "§1): one of six turns can finish with 'length' after slime's abort loop; open, see the "
-    "closing note",
-    strict=False,
-)
-def test_slimes_abort_loop_through_the_router(router: BackgroundRouter) -> None:
-    with _http(router) as http, ThreadPoolExecutor(6) as pool:
+def _vllm_busy(engines: list[EngineProcess]) -> int:
+    """Requests running or waiting in the engines themselves, by their /metrics."""
+    loads = [vllm_load(httpx.get(e.url + "/metrics", timeout=30).content) for e in engines]
+    return sum(x.running + x.waiting for x in loads)
+
+
+def test_slimes_abort_loop_through_the_router(heavy_engine_pool: EnginePool) -> None:
+    """On the heavy model (11 ms a token alone, more batched): with the tiny one a loaded
+    machine starved the router and its client for 8-17 s at a time while an engine decoded
+    all 3000 tokens (about 8 s), so some turns had ended 'length' before the abort reached
+    the router. The first abort must find all six in flight; every one ends abort with what
+    it generated, and nothing runs on the engines afterwards."""
+    engines = heavy_engine_pool.get(2)
+    cfg = RolloutServerConfig(
+        port=0,
+        engines=tuple(EngineConfig(url=e.url, max_running=4) for e in engines),
+        placement="least_load",
+        health_interval_s=1.0,
+    )
+    with BackgroundRouter(cfg) as router, _http(router) as http, ThreadPoolExecutor(6) as pool:
         body = {
             "sampling_params": {**slime_sampling(3000), "ignore_eos": True},
             "return_logprob": True,
@@ -125,12 +138,14 @@ def test_slimes_abort_loop_through_the_router(router: BackgroundRouter) -> None:
             tokens = sum(e["tokens"] for e in stats["engines"].values())
             if stats["trajectories"]["in_flight"] == 6 and tokens >= 20:
                 break
-            assert time.monotonic() < deadline
+            assert time.monotonic() < deadline, stats
             time.sleep(0.05)
         urls = [w["url"] for w in http.get("/workers").json()["workers"]]
+        aborted = []
         for _ in range(100):  # slime's abort_servers_until_idle
             for url in urls:
-                httpx.post(url + "/abort_request", json={"abort_all": True}, timeout=30)
+                out = httpx.post(url + "/abort_request", json={"abort_all": True}, timeout=30)
+                aborted.append(out.json()["aborted"])
             loads = [
                 httpx.get(url + "/v1/loads", params={"include": "core"}).json() for url in urls
             ]
@@ -138,10 +153,16 @@ def test_slimes_abort_loop_through_the_router(router: BackgroundRouter) -> None:
                 break
             time.sleep(0.1)
         outs = [f.result(120).json() for f in futures]
+        assert aborted[0] == 6, f"turns had ended before the abort: {aborted}, {outs}"
+        assert sum(aborted) == 6
     for out in outs:
         meta = out["meta_info"]
         assert meta["finish_reason"]["type"] == "abort"  # a 200 with what it generated
         assert len(meta["output_token_logprobs"]) == len(out["output_ids"]) < 3000
+    deadline = time.monotonic() + 60
+    while _vllm_busy(engines):  # the router aborted every request it had sent
+        assert time.monotonic() < deadline, "requests still run on the engines after the abort"
+        time.sleep(0.2)
 
 
 def test_the_openai_client(router: BackgroundRouter, engines) -> None:
