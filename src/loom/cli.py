@@ -20,7 +20,7 @@ from loom.experiments.report import (
     Record,
     Task,
     print_tables,
-    records_doc,
+    records_json,
     write_csvs,
     write_json,
 )
@@ -95,7 +95,7 @@ def reproduce(
     write_csvs(records, out_dir)
     plots = rep.plot(records, out_dir)
     if to_stdout:
-        typer.echo(json.dumps(records_doc(system, seed, quick, records), default=float))
+        typer.echo(records_json(system, seed, quick, records))
     elif json_path is not None:
         write_json(json_path, system, seed, quick, records)
     out_console.print(
@@ -606,7 +606,6 @@ def plan_rollout(
 ) -> None:
     """Print Heddle's annealed model-parallel layout for a GPU budget, planned for a batch like
     the history (its k=0 predicted lengths), and the engines to start from it."""
-    import json
 
     from loom.core.errors import ConfigError
     from loom.rollout.history import read_history
@@ -866,7 +865,6 @@ def _serve_emulated(
 
 def _read_table(path: Path) -> dict[str, Any]:
     """A TOML or JSON file's settings table (for settings that are no pydantic model)."""
-    import json
     import tomllib
 
     from loom.core.errors import ConfigError

@@ -177,6 +177,24 @@ def test_reproduce_json_dash_prints_the_records_alone(tmp_path: Path) -> None:
     assert "wrote" in result.stderr
 
 
+def test_json_records_are_strict_json(tmp_path: Path) -> None:
+    """A metric that is not a finite number is null: strict parsers reject NaN."""
+    import numpy as np
+
+    records = [
+        {"experiment": "e", "ratio": float("nan"), "top": float("inf"), "n": 3},
+        {"experiment": "e", "ratio": np.float32(0.5), "runs": [1.0, float("nan")]},
+    ]
+    report.write_json(tmp_path / "r.json", "heddle", 1, True, records)
+
+    def strict(token: str) -> None:
+        raise ValueError(f"not strict JSON: {token}")
+
+    doc = json.loads((tmp_path / "r.json").read_text(), parse_constant=strict)
+    assert doc["records"][0] == {"experiment": "e", "ratio": None, "top": None, "n": 3}
+    assert doc["records"][1] == {"experiment": "e", "ratio": 0.5, "runs": [1.0, None]}
+
+
 def test_rollmux_plots_carry_units_and_the_papers_figures(
     figures: list[Figure], tmp_path: Path
 ) -> None:

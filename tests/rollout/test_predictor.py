@@ -167,6 +167,18 @@ def test_progressive_prediction_never_below_what_was_generated(
         assert (np.array(row) >= done).all()
 
 
+def test_progressive_last_step_alone_equals_the_full_table(
+    fitted: dict[str, LengthPredictor], batch: list[TrajectorySpec]
+) -> None:
+    """The router asks only for a trajectory's latest step: the same answer as the table."""
+    progressive = fitted["progressive"]
+    assert isinstance(progressive, ProgressivePredictor)
+    tables = progressive.predict_steps(batch)
+    assert progressive.predict_last(batch) == [row[-1] for row in tables]
+    assert progressive.predict_last(batch[3:5]) == [row[-1] for row in tables[3:5]]
+    assert progressive.predict_last([]) == []
+
+
 def test_prompt_only_predictors_are_constant_over_steps(
     fitted: dict[str, LengthPredictor], batch: list[TrajectorySpec]
 ) -> None:

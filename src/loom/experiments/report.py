@@ -35,6 +35,7 @@ __all__ = [
     "line_plot",
     "print_tables",
     "records_doc",
+    "records_json",
     "save_figure",
     "write_csvs",
     "write_json",
@@ -113,10 +114,28 @@ def records_doc(system: str, seed: int, quick: bool, records: Sequence[Record]) 
     return {"system": system, "seed": seed, "quick": quick, "records": list(records)}
 
 
+def records_json(
+    system: str, seed: int, quick: bool, records: Sequence[Record], indent: int | None = None
+) -> str:
+    """`records_doc` as strict JSON: a value that is not a finite number (a ratio over an
+    empty run, a metric a row lacks) is `null`, not the `NaN` strict parsers reject."""
+    doc = _finite(records_doc(system, seed, quick, records))
+    return json.dumps(doc, indent=indent, allow_nan=False, default=lambda o: _finite(float(o)))
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
 def write_json(path: Path, system: str, seed: int, quick: bool, records: Sequence[Record]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    doc = records_doc(system, seed, quick, records)
-    path.write_text(json.dumps(doc, indent=1, default=float) + "\n")
+    path.write_text(records_json(system, seed, quick, records, indent=1) + "\n")
 
 
 PAPER_STYLE = {"color": "black", "zorder": 5}

@@ -171,6 +171,9 @@ def test_declared_batch_gets_a_plan(rig) -> None:
         ("/generate", b'{"input_ids": [1], "sampling_params": {"top_p": "x"}}', 400, "top_p"),
         ("/generate", b'{"input_ids": []}', 400, "non-empty"),
         ("/generate", b'{"input_ids": [1, -2]}', 400, "non-negative"),
+        ("/generate", b'{"input_ids": [1, true]}', 400, "non-negative integers"),
+        ("/generate", b'{"input_ids": [1, 2.0]}', 400, "non-negative integers"),
+        ("/v1/completions", b'{"prompt": [1, "2"]}', 400, "non-negative integers"),
         ("/generate", b'{"input_ids": [[1], [2]]}', 400, "batched"),
         (
             "/generate",

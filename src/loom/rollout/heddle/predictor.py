@@ -13,6 +13,8 @@ Fig. 13 (`loom.experiments.heddle_predictors` reproduces its rows).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 import warnings
 from collections.abc import Sequence
@@ -24,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy import stats
 from sklearn.ensemble import HistGradientBoostingRegressor
-from threadpoolctl import threadpool_limits
+from threadpoolctl import ThreadpoolController
 
 from loom.core.errors import ConfigError
 from loom.core.trajectory import TrajectorySpec, WorkloadKind
@@ -104,9 +106,11 @@ class BoostingConfig:
                 f"got {self.learning_rate}, {self.l2_regularization}"
             )
 
-    def thread_limit(self) -> threadpool_limits:
+    def thread_limit(self) -> contextlib.AbstractContextManager[object]:
         """Context in which to fit and predict."""
-        return threadpool_limits(limits=self.threads, user_api="openmp")
+        if self.threads is None:
+            return contextlib.nullcontext()
+        return _threadpools().limit(limits=self.threads, user_api="openmp")
 
     def regressor(self) -> HistGradientBoostingRegressor:
         # NOTE: no early stopping: its validation split would tie the fit to the data order.
@@ -123,6 +127,14 @@ class BoostingConfig:
 
 # ---------------------------------------------------------------------------------------------
 # Features
+
+
+@functools.cache
+def _threadpools() -> ThreadpoolController:
+    """The process's thread pools, found once. NOTE: finding them scans every loaded library
+    (`threadpool_limits` does it on each call): a router predicting after every turn spent a
+    fifth of its CPU there."""
+    return ThreadpoolController()
 
 
 class StepRows(NamedTuple):
@@ -280,6 +292,20 @@ class ProgressivePredictor:
             log_remaining = model.predict(self._seen(rows.features))
         remaining = np.maximum(0.0, np.expm1(log_remaining))
         return _split(rows.generated + remaining, trajs)
+
+    def predict_last(self, trajs: Sequence[TrajectorySpec]) -> list[float]:
+        """`predict_steps(trajs)[i][-1]` for each trajectory, the model run on that step alone:
+        what a router asks after each turn."""
+        model = self._fitted()
+        if not trajs:
+            return []
+        _check_width(trajs, self._width, type(self).__name__)
+        rows = steps_features(trajs)
+        last = np.cumsum([s.num_turns for s in trajs]) - 1
+        with self.config.thread_limit():
+            log_remaining = model.predict(self._seen(rows.features[last]))
+        remaining = np.maximum(0.0, np.expm1(log_remaining))
+        return [float(v) for v in rows.generated[last] + remaining]
 
     def _seen(self, features: FloatArray) -> FloatArray:
         if not self._unseen.any():

@@ -230,17 +230,21 @@ class EngineClient:
             url = self._urls[path] = URL(f"{self.url}{path}")
         return url
 
-    async def _chunks(self, path: str, body: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        """The chunks of a streamed POST; any failure of the engine is an `EngineError`."""
+    async def _chunks(
+        self, path: str, body: Mapping[str, Any]
+    ) -> AsyncIterator[list[dict[str, Any]]]:
+        """The chunks of a streamed POST, as many at a time as have arrived; any failure of
+        the engine is an `EngineError`."""
         where = self._url(path)
         try:
             async with self.session.post(where, data=_dumps(body), headers=self._headers) as resp:
                 if resp.status >= 400:
                     _raise_for(resp.status, await resp.read(), str(where))
-                async for chunk in _sse(resp):
-                    if "error" in chunk:
-                        raise EngineError(f"engine error mid-stream: {chunk['error']}")
-                    yield chunk
+                async for batch in _sse(resp):
+                    for chunk in batch:
+                        if "error" in chunk:
+                            raise EngineError(f"engine error mid-stream: {chunk['error']}")
+                    yield batch
         except aiohttp.ClientConnectorError as exc:
             raise EngineUnreachable(f"{where}: {exc}") from exc
         except (aiohttp.ClientError, OSError) as exc:
@@ -276,21 +280,70 @@ def _raise_for(status: int, raw: bytes, where: str) -> None:
     raise EngineError(f"{where} answered {status}: {detail}")
 
 
-async def _sse(resp: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
-    """The JSON objects of a server-sent-event stream, up to `[DONE]`."""
-    async for raw in resp.content:
-        if not raw.startswith(b"data:"):
+async def _sse(resp: aiohttp.ClientResponse) -> AsyncIterator[list[dict[str, Any]]]:
+    """The JSON objects of a server-sent-event stream, up to `[DONE]`, as many at a time as
+    have arrived. NOTE: one read of whatever the socket holds, not a readline per line: a
+    router behind on its reads takes a backlog of chunks in one pass (and hands it on as one
+    delta), so that its cost per token falls as its load rises."""
+    partial: list[bytes] = []  # a line not yet ended
+    async for data in resp.content.iter_any():
+        if b"\n" not in data:
+            partial.append(data)
             continue
-        payload = raw[5:].strip()
-        if payload == b"[DONE]":
-            # NOTE: read the stream to its end, so that the connection goes back to the pool
-            # (a response left unread closes it: a new connection per turn)
-            await resp.read()
-            return
+        if partial:
+            partial.append(data)
+            data = b"".join(partial)
+            partial.clear()
+        lines = data.split(b"\n")
+        tail = lines.pop()
+        if tail:
+            partial.append(tail)
+        batch: list[dict[str, Any]] = []
+        for line in lines:
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                if batch:
+                    yield batch
+                # NOTE: read the stream to its end, so that the connection goes back to the
+                # pool (a response left unread closes it: a new connection per turn)
+                await resp.read()
+                return
+            try:
+                batch.append(_loads(payload))
+            except ValueError as exc:
+                raise EngineError(f"malformed stream chunk {payload[:200]!r}") from exc
+        if batch:
+            yield batch
+    tail = b"".join(partial)
+    if tail.startswith(b"data:") and tail[5:].strip() != b"[DONE]":
         try:
-            yield _loads(payload)
+            yield [_loads(tail[5:].strip())]
         except ValueError as exc:
-            raise EngineError(f"malformed stream chunk {payload[:200]!r}") from exc
+            raise EngineError(f"malformed stream chunk {tail[:200]!r}") from exc
+
+
+def _coalesce(deltas: list[Delta]) -> list[Delta]:
+    """Consecutive deltas as one where they are alike (logprobs on all or none, prompt
+    logprobs only on the first): what arrived in one read goes on in one piece."""
+    out: list[Delta] = []
+    for d in deltas:
+        last = out[-1] if out else None
+        if (
+            last is None
+            or d.prompt_logprobs is not None
+            or (last.logprobs is None) != (d.logprobs is None)
+        ):
+            out.append(d)
+            continue
+        out[-1] = Delta(
+            last.tokens + d.tokens,
+            last.text + d.text,
+            None if last.logprobs is None or d.logprobs is None else last.logprobs + d.logprobs,
+            last.prompt_logprobs,
+        )
+    return out
 
 
 # ---- vLLM ----------------------------------------------------------------------------------
@@ -396,20 +449,26 @@ class VllmEngine(EngineClient):
         finish: str | None = None
         stop: int | str | None = None
         cached = 0
-        async for chunk in self._chunks("/v1/completions", body):
-            usage = chunk.get("usage")
-            if usage:
-                details = usage.get("prompt_tokens_details") or {}
-                cached = int(details.get("cached_tokens") or cached)
-            for choice in chunk.get("choices") or ():
-                ids = choice.get("token_ids") or []
-                text = choice.get("text") or ""
-                if ids or text:
-                    lp = choice.get("logprobs")
-                    yield Delta(ids, text, _vllm_logprobs(ids, lp) if lp and ids else None)
-                if choice.get("finish_reason"):
-                    finish = choice["finish_reason"]
-                    stop = choice.get("stop_reason")
+        async for batch in self._chunks("/v1/completions", body):
+            deltas: list[Delta] = []
+            for chunk in batch:
+                usage = chunk.get("usage")
+                if usage:
+                    details = usage.get("prompt_tokens_details") or {}
+                    cached = int(details.get("cached_tokens") or cached)
+                for choice in chunk.get("choices") or ():
+                    ids = choice.get("token_ids") or []
+                    text = choice.get("text") or ""
+                    if ids or text:
+                        lp = choice.get("logprobs")
+                        deltas.append(
+                            Delta(ids, text, _vllm_logprobs(ids, lp) if lp and ids else None)
+                        )
+                    if choice.get("finish_reason"):
+                        finish = choice["finish_reason"]
+                        stop = choice.get("stop_reason")
+            for delta in _coalesce(deltas):
+                yield delta
         if finish is None:
             raise EngineError(f"{self.url}: the stream of {rid} ended without a finish reason")
         yield Done(finish, stop, cached)
@@ -530,57 +589,61 @@ class SglangEngine(EngineClient):
         seen_ids = seen_text = seen_lp = 0
         prompt_done = logprobs.prompt_start is None
         done: Done | None = None
-        async for chunk in self._chunks("/generate", body):
-            meta = chunk.get("meta_info") or {}
-            ids = chunk.get("output_ids") or []
-            total = int(meta.get("completion_tokens", seen_ids + len(ids)))
-            cumulative = len(ids) == total and total > 0  # SGLang's default stream
-            if cumulative:  # keep only what is new, of the ids and of the text
-                ids = ids[seen_ids:]
-            seen_ids = total
-            text = chunk.get("text") or ""
-            if cumulative:
-                new_text, seen_text = text[seen_text:], len(text)
-            else:
-                new_text = text
-            lps: list[TokenLogprob] | None = None
-            if logprobs.output:
-                rows = meta.get("output_token_logprobs") or []
-                tops = meta.get("output_top_logprobs") or []
-                if len(rows) == total:  # cumulative
-                    rows, tops = rows[seen_lp:], tops[seen_lp:]
-                seen_lp = total
-                lps = [
-                    TokenLogprob(float(r[0]), _sglang_top(tops[j] if j < len(tops) else ()))
-                    for j, r in enumerate(rows)
-                ]
-            plp = None
-            if not prompt_done and meta.get("input_token_logprobs") is not None:
-                prompt_done = True
-                tops_in = meta.get("input_top_logprobs") or []
-                plp = [
-                    PromptLogprob(
-                        int(r[1]),
-                        None if r[0] is None else float(r[0]),
-                        None,
-                        _sglang_top(tops_in[j] if j < len(tops_in) else ()),
+        async for batch in self._chunks("/generate", body):
+            deltas: list[Delta] = []
+            for chunk in batch:
+                meta = chunk.get("meta_info") or {}
+                ids = chunk.get("output_ids") or []
+                total = int(meta.get("completion_tokens", seen_ids + len(ids)))
+                cumulative = len(ids) == total and total > 0  # SGLang's default stream
+                if cumulative:  # keep only what is new, of the ids and of the text
+                    ids = ids[seen_ids:]
+                seen_ids = total
+                text = chunk.get("text") or ""
+                if cumulative:
+                    new_text, seen_text = text[seen_text:], len(text)
+                else:
+                    new_text = text
+                lps: list[TokenLogprob] | None = None
+                if logprobs.output:
+                    rows = meta.get("output_token_logprobs") or []
+                    tops = meta.get("output_top_logprobs") or []
+                    if len(rows) == total:  # cumulative
+                        rows, tops = rows[seen_lp:], tops[seen_lp:]
+                    seen_lp = total
+                    lps = [
+                        TokenLogprob(float(r[0]), _sglang_top(tops[j] if j < len(tops) else ()))
+                        for j, r in enumerate(rows)
+                    ]
+                plp = None
+                if not prompt_done and meta.get("input_token_logprobs") is not None:
+                    prompt_done = True
+                    tops_in = meta.get("input_top_logprobs") or []
+                    plp = [
+                        PromptLogprob(
+                            int(r[1]),
+                            None if r[0] is None else float(r[0]),
+                            None,
+                            _sglang_top(tops_in[j] if j < len(tops_in) else ()),
+                        )
+                        for j, r in enumerate(meta["input_token_logprobs"])
+                    ]
+                if ids or new_text or plp is not None:
+                    deltas.append(Delta(ids, new_text, lps, plp))
+                reason = meta.get("finish_reason")
+                if reason:
+                    kind = reason.get("type") if isinstance(reason, dict) else str(reason)
+                    matched = reason.get("matched") if isinstance(reason, dict) else None
+                    message = reason.get("message") if isinstance(reason, dict) else None
+                    done = Done(
+                        str(kind),
+                        matched,
+                        int(meta.get("cached_tokens") or 0),
+                        message,
+                        meta.get("routed_experts"),
                     )
-                    for j, r in enumerate(meta["input_token_logprobs"])
-                ]
-            if ids or new_text or plp is not None:
-                yield Delta(ids, new_text, lps, plp)
-            reason = meta.get("finish_reason")
-            if reason:
-                kind = reason.get("type") if isinstance(reason, dict) else str(reason)
-                matched = reason.get("matched") if isinstance(reason, dict) else None
-                message = reason.get("message") if isinstance(reason, dict) else None
-                done = Done(
-                    str(kind),
-                    matched,
-                    int(meta.get("cached_tokens") or 0),
-                    message,
-                    meta.get("routed_experts"),
-                )
+            for delta in _coalesce(deltas):
+                yield delta
         if done is None:
             raise EngineError(f"{self.url}: the stream of {rid} ended without a finish reason")
         yield done

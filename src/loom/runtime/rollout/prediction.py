@@ -172,5 +172,5 @@ class OnlinePredictor:
         model = self.model
         if model is None:
             return [self.fallback(s.prompt_id, g) for s, g in zip(specs, generated, strict=True)]
-        tables = model.predict_steps(list(specs))
-        return [max(table[-1], g + 1.0) for table, g in zip(tables, generated, strict=True)]
+        totals = model.predict_last(list(specs))
+        return [max(total, g + 1.0) for total, g in zip(totals, generated, strict=True)]
