@@ -935,6 +935,8 @@ def main() -> None:
     )
     rows: list[dict[str, Any]] = []
     with engines(args) as urls, tempfile.TemporaryDirectory() as tmp:
+        # the model's name as the engines serve it (a peer router's requests must name it)
+        args.model_name = httpx.get(urls[0] + "/v1/models", timeout=30).json()["data"][0]["id"]
         n_hist = write_history(args, Path(tmp)) if args.history else 0
         print(f"history: {n_hist} trajectories from {args.history} earlier epochs")
         runs: dict[str, list[dict[str, Any]]] = {}
