@@ -135,3 +135,92 @@ def test_an_unterminated_last_line_is_still_read() -> None:
     *deltas, done = run(generate, writes)
     assert isinstance(done, Done) and done.cached_tokens == 2
     assert [t for d in deltas for t in d.tokens] == [100, 101]  # type: ignore[union-attr]
+
+
+class RecordingVllm:
+    """A vLLM engine on loopback that answers every completion with `n` tokens streamed and
+    records the bodies it was sent."""
+
+    def __init__(self, n: int = 5) -> None:
+        self.n = n
+        self.bodies: list[dict[str, Any]] = []
+        self.url = ""
+        self._thread: Any = None
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.bodies.append(body)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for event in vllm_events(self.n):
+            await resp.write(event + b"\n\n")
+        await resp.write_eof()
+        return resp
+
+    async def _models(self, _: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "m", "max_model_len": 4096}]})
+
+    async def _health(self, _: web.Request) -> web.Response:
+        return web.Response()
+
+    async def _metrics(self, _: web.Request) -> web.Response:
+        return web.Response(text="vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n")
+
+    def __enter__(self) -> RecordingVllm:
+        import threading
+
+        loop = asyncio.new_event_loop()
+        started = threading.Event()
+        app = web.Application()
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
+        runner = web.AppRunner(app)
+
+        def serve() -> None:
+            asyncio.set_event_loop(loop)
+            loop.run_until_complete(runner.setup())
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            loop.run_until_complete(site.start())
+            port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            self.url = f"http://127.0.0.1:{port}"
+            started.set()
+            loop.run_forever()
+            loop.run_until_complete(runner.cleanup())
+            loop.close()
+
+        self._loop = loop
+        self._thread = threading.Thread(target=serve, daemon=True)
+        self._thread.start()
+        started.wait(30)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(30)
+
+
+def test_a_client_that_reads_the_answer_whole_gets_vllm_chunks_of_many_tokens() -> None:
+    """The router streams from the engine either way; for a client that does not stream it
+    asks vLLM for `stream_interval` tokens a chunk (a streaming client's chunks stay as the
+    client asked), and the client's own value wins."""
+    import httpx
+
+    from loom.runtime.rollout import BackgroundRouter, EngineConfig, RolloutServerConfig
+
+    with RecordingVllm() as engine:
+        cfg = RolloutServerConfig(port=0, engines=(EngineConfig(url=engine.url),))
+        with BackgroundRouter(cfg) as router, httpx.Client(base_url=router.url) as http:
+            base = {"model": "m", "prompt": [1, 2, 3], "max_tokens": 5}
+            whole = http.post("/v1/completions", json=base, timeout=60)
+            assert whole.status_code == 200, whole.text
+            assert whole.json()["choices"][0]["text"] == " w0 w1 w2 w3 w4"
+            with http.stream("POST", "/v1/completions", json={**base, "stream": True}) as s:
+                assert s.status_code == 200
+                s.read()
+            own = http.post("/v1/completions", json={**base, "stream_interval": 3}, timeout=60)
+            assert own.status_code == 200, own.text
+    sent = [b.get("stream_interval") for b in engine.bodies]
+    assert sent == [cfg.stream_interval, None, 3]
+    assert all(b["stream"] is True for b in engine.bodies)

@@ -134,6 +134,12 @@ class RolloutServerConfig(_Settings, Access):
     stall_timeout_s: float = Field(
         default=60.0, gt=0, description="a turn with no new token this long has stalled"
     )
+    stream_interval: int = Field(
+        default=16,
+        ge=1,
+        description="tokens per chunk a vLLM engine streams back for a client that does not "
+        "stream (its first token at once); 1: every token",
+    )
     health_interval_s: float = Field(default=2.0, gt=0, description="engine health-check period")
     health_failures: int = Field(
         default=2, ge=1, description="failed checks in a row before an engine is taken out"

@@ -773,6 +773,15 @@ class RolloutDriver:
 
     async def _attempt(self, e: EngineState, turn: Turn, attempt: int) -> None:
         sampling = turn.attempt_sampling()
+        if (
+            not turn.request.stream
+            and e.client.kind is EngineKind.VLLM
+            and "stream_interval" not in sampling
+        ):
+            # NOTE: the router streams from the engine to keep what a turn generated; a client
+            # that reads the answer whole needs no chunk per token, whose cost (the engine's
+            # API server and this router, per chunk) took CPU from two-core vLLM engines
+            sampling["stream_interval"] = self.config.stream_interval
         if sampling["max_tokens"] < 1:  # scoring a prompt: engines generate at least one
             sampling["max_tokens"] = 1
             sampling.pop("min_tokens", None)
