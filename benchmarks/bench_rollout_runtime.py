@@ -396,6 +396,8 @@ def run_system(
         (state / HISTORY_FILE).write_bytes((tmp / HISTORY_FILE).read_bytes())
     profiles = (TINY_PROFILE,) if (args.vllm or args.simulate) and not args.emulate else ()
     engine_opts = f"max_running={args.max_running}"
+    if args.engine_queue:  # turns beyond the cap that wait in the engine's own queue
+        engine_opts += f",queue={args.engine_queue}"
     if args.emulate:  # the GPU's degree for Heddle's placement; the key as vLLM's priority
         engine_opts += f",tp={_spec(args).tp},priority"
     if args.in_process:
@@ -890,6 +892,12 @@ def main() -> None:
     ap.add_argument("--max-turns", type=int, default=8)
     ap.add_argument("--max-running", type=int, default=4, help="turns in flight per engine")
     ap.add_argument("--systems", default="heddle,verl,slime,verl*")
+    ap.add_argument(
+        "--engine-queue",
+        type=int,
+        default=0,
+        help="Loom's engines' `queue`: turns sent beyond --max-running to wait in the engine",
+    )
     ap.add_argument(
         "--history", type=int, default=3, help="earlier epochs the predictor learns from first"
     )

@@ -66,6 +66,7 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Rig]
         step_ms: float = 2.0,
         max_running: int | None = 4,
         engine_running: int = 64,
+        engine_queue: int = 0,
         engine_args: tuple[str, ...] = (),
         profile: bool = False,
         **settings: Any,
@@ -78,7 +79,10 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Rig]
         spare.extend(engines)
         cfg = RolloutServerConfig(
             port=0,
-            engines=tuple(EngineConfig(url=e.url, max_running=max_running) for e in engines),
+            engines=tuple(
+                EngineConfig(url=e.url, max_running=max_running, queue=engine_queue)
+                for e in engines
+            ),
             **settings,
         )
         router = BackgroundRouter(cfg).start()

@@ -252,6 +252,28 @@ def test_slimes_abort_loop_ends_turns_running_and_waiting_in_the_router(rig) -> 
     _until(r, lambda _: all(e.get("/debug/stats")["running"] == 0 for e in r.engines))
 
 
+def test_an_engine_queue_sends_that_many_turns_beyond_its_limit(rig) -> None:
+    """`queue=1`: with two running at the engine, one more waits in the engine's own queue
+    (a freed slot refills without a round trip through the router); the rest wait in the
+    router, and each finished turn lets exactly one more through."""
+    r: Rig = rig(1, step_ms=10, max_running=2, engine_running=2, engine_queue=1)
+    with ThreadPoolExecutor(5) as pool:
+        futures = [pool.submit(r.gen, None, 3000, [3, 4, i]) for i in range(5)]
+        _until(
+            r,
+            lambda s: (
+                (e := next(iter(s["engines"].values())))["running"] == 3
+                and e["waiting"] + s["held"] == 2
+            ),
+        )
+        assert len(r.engines[0].get("/debug/requests")) == 3
+        for url in [w["url"] for w in r.http.get("/workers").json()["workers"]]:
+            r.http.post(url + "/abort_request", json={"abort_all": True})
+        outs = [f.result(60).json() for f in futures]
+    assert all(o["meta_info"]["finish_reason"]["type"] == "abort" for o in outs)
+    assert sum(e["admitted"] for e in r.stats()["engines"].values()) == 3
+
+
 # ---- the prefill gate ----------------------------------------------------------------------
 
 

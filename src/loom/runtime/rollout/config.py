@@ -50,6 +50,14 @@ class EngineConfig(_Settings):
         "at once by what it says (the limit it states, its load reports: running and waiting "
         "requests, KV-cache use)",
     )
+    queue: int = Field(
+        default=0,
+        ge=0,
+        le=1024,
+        description="turns sent beyond what it runs at once, to wait in its own queue (in the "
+        "priority order the router passes): a slot it frees refills without a round trip "
+        "through the router; 0: the router holds every turn the engine would queue",
+    )
     priority: bool = Field(
         default=True,
         description="pass the scheduler's key as each request's priority, for an engine that "
@@ -203,7 +211,8 @@ def load_config(path: Path) -> RolloutServerConfig:
 
 
 def parse_engine(spec: str, defaults: dict[str, Any] | None = None) -> dict[str, Any]:
-    """`URL[,tp=N][,max_running=N][,kind=K][,priority=false][,lent][,id=NAME][,node=N][,version=N]`
+    """`URL[,tp=N][,max_running=N][,queue=N][,kind=K][,priority=false][,lent][,id=NAME][,node=N]
+    [,version=N]`
     as the settings of one engine; `defaults` fill what the spec leaves out (None: the
     model's default)."""
     url, *opts = (part.strip() for part in spec.split(","))
@@ -215,15 +224,16 @@ def parse_engine(spec: str, defaults: dict[str, Any] | None = None) -> dict[str,
         if name in ("priority", "lent") and not eq:
             out[name] = True
         elif (
-            name in ("tp", "max_running", "node", "kind", "id", "priority", "lent", "version")
+            name
+            in ("tp", "max_running", "queue", "node", "kind", "id", "priority", "lent", "version")
             and eq
         ):
             out[name] = value.strip()
         else:
             raise ConfigError(
                 f"engine {spec!r}: unknown option {opt!r} "
-                "(tp=N, max_running=N, kind=vllm|sglang, priority[=false], lent, id=NAME, node=N, "
-                "version=N)"
+                "(tp=N, max_running=N, queue=N, kind=vllm|sglang, priority[=false], lent, id=NAME, "
+                "node=N, version=N)"
             )
     try:
         return EngineConfig.model_validate(out).model_dump()

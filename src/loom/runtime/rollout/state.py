@@ -152,8 +152,9 @@ class EngineState:
         return t.context if t is not None and t.host == self.idx else 0
 
     def has_slot(self) -> bool:
-        """It would run one more turn at once rather than queue it."""
-        return self.alive and len(self.running) < self.capacity.limit
+        """It would run one more turn at once rather than queue it (or queue it within the
+        `queue` turns it is configured to hold in its own queue)."""
+        return self.alive and len(self.running) < self.capacity.limit + self.config.queue
 
 
 _seqs = itertools.count()
