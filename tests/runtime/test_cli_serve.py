@@ -54,6 +54,7 @@ def test_the_engine_spec_and_the_config_file_reach_the_router(
     [
         (["--engine", "http://127.0.0.1:9,tp=2,colour=red"], "unknown option 'colour=red'"),
         (["--engine", "http://127.0.0.1:9,tp=zero"], "tp"),
+        (["--engine", "http://127.0.0.1:9,queue=-1"], "queue"),
         (["--config", "{config}"], "speed"),
     ],
 )

@@ -327,23 +327,28 @@ async def _sse(resp: aiohttp.ClientResponse) -> AsyncIterator[list[dict[str, Any
 def _coalesce(deltas: list[Delta]) -> list[Delta]:
     """Consecutive deltas as one where they are alike (logprobs on all or none, prompt
     logprobs only on the first): what arrived in one read goes on in one piece."""
-    out: list[Delta] = []
+    runs: list[list[Delta]] = []
     for d in deltas:
-        last = out[-1] if out else None
+        last = runs[-1][-1] if runs else None
         if (
             last is None
             or d.prompt_logprobs is not None
             or (last.logprobs is None) != (d.logprobs is None)
         ):
-            out.append(d)
-            continue
-        out[-1] = Delta(
-            last.tokens + d.tokens,
-            last.text + d.text,
-            None if last.logprobs is None or d.logprobs is None else last.logprobs + d.logprobs,
-            last.prompt_logprobs,
+            runs.append([d])
+        else:
+            runs[-1].append(d)
+    return [
+        run[0]
+        if len(run) == 1
+        else Delta(
+            [t for d in run for t in d.tokens],
+            "".join(d.text for d in run),
+            None if run[0].logprobs is None else [x for d in run for x in d.logprobs or ()],
+            run[0].prompt_logprobs,
         )
-    return out
+        for run in runs
+    ]
 
 
 # ---- vLLM ----------------------------------------------------------------------------------
