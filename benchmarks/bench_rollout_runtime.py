@@ -485,15 +485,32 @@ def _spec(args: argparse.Namespace) -> Any:
     return EmulationSpec.parse(args.emulate)
 
 
-def _cost_model(args: argparse.Namespace) -> dict[str, str]:
-    """Heddle's placement plans with the roofline of the emulated GPU."""
-    if not args.emulate:
-        return {}
-    spec = _spec(args)
-    return {"model": spec.model, "gpu": spec.gpu.value}
+def _cost_model(args: argparse.Namespace) -> dict[str, Any]:
+    """Heddle's placement plans with the roofline of the emulated GPU; and the router
+    settings given with --router-set (ablations)."""
+    out: dict[str, Any] = dict(args.router_set)
+    if args.emulate:
+        spec = _spec(args)
+        out |= {"model": spec.model, "gpu": spec.gpu.value}
+    return out
 
 
-def _write_config(tmp: Path, values: dict[str, str]) -> Path:
+def _router_setting(text: str) -> tuple[str, Any]:
+    """KEY=VALUE for --router-set: VALUE as JSON where it parses (numbers, true), else text;
+    KEY must be one of the router's settings."""
+    key, eq, value = text.partition("=")
+    if not eq or key not in RolloutServerConfig.model_fields:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected KEY=VALUE with KEY one of the router's settings "
+            f"(loom serve rollout --config), e.g. refit_every=100000"
+        )
+    try:
+        return key, json.loads(value)
+    except ValueError:
+        return key, value
+
+
+def _write_config(tmp: Path, values: dict[str, Any]) -> Path:
     path = tmp / "router.json"
     path.write_text(json.dumps(values))
     return path
@@ -610,6 +627,7 @@ def simulate(
             EngineConfig(url=f"http://sim{i}", max_running=args.max_running)
             for i in range(n_engines)
         ),
+        **dict(args.router_set),
     )
     latency = ProfiledLatencyModel.load(profile)
     sim = RolloutSimulator(
@@ -659,6 +677,7 @@ def simulate_emulated(
             EngineConfig(url=f"http://sim{i}", max_running=args.max_running, tp=spec.tp)
             for i in range(args.engines)
         ),
+        **dict(args.router_set),
     )
     sim = RolloutSimulator(
         specs,
@@ -911,6 +930,15 @@ def main() -> None:
         "--cpu", action="store_true", help="report CPU seconds by process class for each run"
     )
     ap.add_argument("--json", default=None)
+    ap.add_argument(
+        "--router-set",
+        type=_router_setting,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a setting of Loom's router for every Loom system (repeatable; an ablation, "
+        "e.g. refit_every=100000 or max_preemptions=0)",
+    )
     emu = ap.add_argument_group("paper scale on emulated GPUs")
     emu.add_argument("--emulate", default=None, help="MODEL@GPU[:tpN], e.g. qwen3-14b@h100:tp2")
     emu.add_argument("--engines", type=int, default=8, help="emulated engines")
