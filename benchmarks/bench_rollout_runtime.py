@@ -636,7 +636,10 @@ def simulate(
         SCHEDULERS.get(scheduler)(),
         make_router(settings, history=history),
         RolloutConfig(
-            max_running=args.max_running, decode_reserve=args.max_turn_tokens, migrate_kv=False
+            max_running=args.max_running,
+            decode_reserve=args.max_turn_tokens,
+            migrate_kv=False,
+            gate_moves=True,
         ),
         predictions=predictions,
         latency=lambda tp: latency,
@@ -689,6 +692,7 @@ def simulate_emulated(
             gpu=spec.gpu,
             max_running=args.engine_max_running,
             migrate_kv=False,
+            gate_moves=True,  # the router's moves pay for their prefill, as it decides them
             dispatch_delay_s=dispatch_s,
             router_decision_s=decision_s,
         ),

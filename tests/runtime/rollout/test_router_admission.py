@@ -16,8 +16,9 @@ import pytest
 from conftest import Rig
 from fake_engine import FakeEngine
 
+from loom.rollout.moves import slot_wait_s
 from loom.runtime.rollout import EngineConfig, RolloutServerConfig
-from loom.runtime.rollout.admission import Capacity, engine_priority, slot_wait_s
+from loom.runtime.rollout.admission import Capacity, engine_priority
 from loom.runtime.rollout.driver import RolloutDriver
 from loom.runtime.rollout.engines import EngineClient, EngineLoad, sglang_load, vllm_load
 from loom.runtime.rollout.standin import write_standin_profile

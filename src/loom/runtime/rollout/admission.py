@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from loom.runtime.rollout.engines import EngineLoad
 from loom.runtime.rollout.turn import Key
 
-__all__ = ["Capacity", "Pace", "engine_priority", "slot_wait_s"]
+__all__ = ["Capacity", "Pace", "engine_priority"]
 
 
 @dataclass
@@ -98,13 +98,3 @@ def engine_priority(key: Key, high_first: bool) -> int:
     scaled = max(-_SPAN, min(_SPAN - 1, int(value * 1000)))
     out = max(-7, min(7, cls)) * _CLASS + stage * _STAGE + scaled
     return -out if high_first else out
-
-
-def slot_wait_s(running: int, turn_s: float | None, ahead: int = 0) -> float:
-    """Seconds until a turn with `ahead` turns before it gets a slot at an engine running
-    `running` turns that each take `turn_s` (measured): its running turns end at a rate of
-    `running / turn_s`, so `ahead + 1` of them take `(ahead + 1) * turn_s / running`.
-    Infinite while nothing has been measured (nothing is known to end)."""
-    if turn_s is None:
-        return math.inf
-    return (ahead + 1) * turn_s / max(1, running)

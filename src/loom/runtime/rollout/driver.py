@@ -60,8 +60,9 @@ from loom.core.trajectory import TrajectorySpec
 from loom.perf.latency import LatencyModel
 from loom.rollout.heddle.planner import DegreeCostModel, decode_context
 from loom.rollout.heddle.router import HeddleRouter
+from loom.rollout.moves import move_pays, prefill_s, slot_wait_s
 from loom.rollout.policy import ROUTERS, SCHEDULERS, PlacementKind, Router, TurnScheduler
-from loom.runtime.rollout.admission import engine_priority, slot_wait_s
+from loom.runtime.rollout.admission import engine_priority
 from loom.runtime.rollout.config import EngineConfig, EngineKind, RolloutServerConfig
 from loom.runtime.rollout.engines import (
     Delta,
@@ -615,14 +616,8 @@ class RolloutDriver:
 
     def _prefill_s(self, e: EngineState, t: Trajectory, tokens: int, cached: int) -> float:
         """Seconds prefilling `tokens` of `t`'s sequence, `cached` of them in its prefix
-        cache, adds to a step of `e`'s, by its latency model (0 where it has none). NOTE: the
-        step's own cost is paid anyway (continuous batching): only the prefill's is counted."""
-        lat = self._latency(e.tp)
-        cached = min(cached, tokens)
-        new = tokens - cached
-        if lat is None or new <= 0:
-            return 0.0
-        return max(0.0, lat.iteration_time(1, 0, new, cached) - lat.iteration_time(1, 0))
+        cache, adds to a step of `e`'s (`moves.prefill_s`)."""
+        return prefill_s(self._latency(e.tp), tokens, cached)
 
     def _computed(self, turn: Turn) -> int:
         """Tokens of `turn`'s sequence some engine has computed already."""
@@ -689,10 +684,7 @@ class RolloutDriver:
         cost = self._prefill_s(dst, t, seq, t.prefix.get(dst.idx, 0)) - self._prefill_s(
             src, t, seq, t.prefix.get(src.idx, 0)
         )
-        if cost <= 0:
-            return True
-        saved = self._slot_wait(src) - self._slot_wait(dst)
-        if saved > cost:
+        if move_pays(cost, self._slot_wait(src), self._slot_wait(dst)):
             return True
         self.counts["migrations_declined"] += 1
         return False

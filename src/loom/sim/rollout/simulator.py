@@ -19,12 +19,16 @@ from loom.core.trajectory import TrajectorySpec, TrajectoryStatus
 from loom.perf.latency import LatencyModel, RooflineLatencyModel
 from loom.perf.specs import gpu_spec, model_spec
 from loom.rollout.heddle.transmission import MigrationRequest, select_batch
+from loom.rollout.moves import move_pays, prefill_s, slot_wait_s
 from loom.rollout.policy import Router, TurnScheduler, WorkerLayout
 from loom.sim.engine import Engine
 from loom.sim.rollout.state import TrajState
 from loom.sim.rollout.worker import Worker
 
 __all__ = ["RolloutConfig", "RolloutResult", "RolloutSimulator"]
+
+PACE_WEIGHT = 0.1
+"""Of the newest turn in a worker's moving-average turn time (the served router's `Pace`)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,6 +56,15 @@ class RolloutConfig:
         default=50.0, metadata={"help": "GB/s between nodes (400 Gb/s IB)"}
     )
     migrate_kv: bool = field(default=True, metadata={"help": "move KV caches when routers migrate"})
+    gate_moves: bool = field(
+        default=False,
+        metadata={
+            "help": "a move the router asks for that prefills the context again (KV not "
+            "moved) is made only where the slot wait it saves exceeds that prefill "
+            "(`loom.rollout.moves`), as Loom's served router decides; False: every move "
+            "(the papers' simulations)"
+        },
+    )
     requeue_in_place: bool = field(
         default=False,
         metadata={
@@ -189,6 +202,12 @@ class RolloutSimulator:
         self._series: list[tuple[float, int]] = [(0.0, self._active)]
         self._router_free = 0.0  # when the served router has decided every turn it holds
         self._ran = False
+        # the served router's move rule: each worker's turn time (a moving average over its
+        # finished turns, as the router measures an engine's pace), from each turn's admission
+        self._turn_s: list[float | None] = [None] * len(self.workers)
+        self._admitted_s: dict[int, float] = {}
+        if config.gate_moves and router.move_pays is None:
+            router.move_pays = self._move_pays
 
     def _build_workers(
         self, layout: WorkerLayout, scheduler: TurnScheduler, make_lat: LatencyFactory
@@ -216,6 +235,7 @@ class RolloutSimulator:
                     chunk_tokens=self.cfg.chunk_tokens,
                     decode_reserve=self.cfg.decode_reserve,
                     on_turn_done=self._turn_done,
+                    on_admit=self._admitted if self.cfg.gate_moves else None,
                     requeue_in_place=self.cfg.requeue_in_place,
                 )
             )
@@ -253,8 +273,40 @@ class RolloutSimulator:
             raise ConfigError(f"router returned worker {w}; there are {len(self.workers)}")
         return w
 
+    # ---- the served router's move rule (gate_moves) ------------------------------------
+    def _admitted(self, t: TrajState, cached: int) -> None:
+        self._admitted_s[t.traj_id] = self.eng.now
+
+    def _ran_turn(self, t: TrajState, w: Worker) -> None:
+        start = self._admitted_s.pop(t.traj_id, None)
+        if start is None:
+            return
+        ran, old = self.eng.now - start, self._turn_s[w.idx]
+        self._turn_s[w.idx] = ran if old is None else old + PACE_WEIGHT * (ran - old)
+
+    def _slot_wait(self, w: Worker) -> float:
+        if len(w.running) < w.max_running and not w.waiting:
+            return 0.0
+        return slot_wait_s(len(w.running), self._turn_s[w.idx], len(w.waiting))
+
+    def _move_pays(self, view: object, src: int, dst: int) -> bool:
+        """The served router's rule (`RolloutDriver._move_pays`): moving trajectory `view`
+        from worker `src` to `dst` prefills its next turn's context at `dst`; it pays where
+        the slot wait it saves exceeds what that costs beyond prefilling it at `src`."""
+        if not (0 <= src < len(self.workers)) or not (0 <= dst < len(self.workers)):
+            return True  # nowhere to stay (or a worker the router should not name)
+        t = self.trajs[view.traj_id]  # type: ignore[attr-defined]
+        seq = t.context + (t.turn_input if t.steps_done < t.spec.num_turns else 0)
+        a, b = self.workers[src], self.workers[dst]
+        cost = prefill_s(b.lat, seq, b.cached_tokens(t.traj_id)) - prefill_s(
+            a.lat, seq, a.cached_tokens(t.traj_id)
+        )
+        return move_pays(cost, self._slot_wait(a), self._slot_wait(b))
+
     # ---- callbacks ---------------------------------------------------------------------
     def _turn_done(self, t: TrajState, w: Worker) -> None:
+        if self.cfg.gate_moves:
+            self._ran_turn(t, w)
         turn = t.spec.turns[t.steps_done]
         if t.end_turn(self.eng.now):
             self._active -= 1

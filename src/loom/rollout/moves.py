@@ -1,0 +1,41 @@
+"""When moving a turn to another worker pays, by one rule for the served router and the
+simulator of it: a move that cannot carry the trajectory's KV cache with it prefills the
+context again at the destination, so it is made only where the wait it saves exceeds what
+that prefill costs beyond prefilling it where it is (the issue 28 rule that gates Heddle's
+migrations and late binding). Both sides supply the same three figures from what they know:
+the workers' latency models, their running and waiting turns, and the time a turn runs."""
+
+from __future__ import annotations
+
+import math
+
+from loom.perf.latency import LatencyModel
+
+__all__ = ["move_pays", "prefill_s", "slot_wait_s"]
+
+
+def slot_wait_s(running: int, turn_s: float | None, ahead: int = 0) -> float:
+    """Seconds until a turn with `ahead` turns before it gets a slot at an engine running
+    `running` turns that each take `turn_s` (measured): its running turns end at a rate of
+    `running / turn_s`, so `ahead + 1` of them take `(ahead + 1) * turn_s / running`.
+    Infinite while nothing has been measured (nothing is known to end)."""
+    if turn_s is None:
+        return math.inf
+    return (ahead + 1) * turn_s / max(1, running)
+
+
+def prefill_s(lat: LatencyModel | None, tokens: int, cached: int) -> float:
+    """Seconds prefilling `tokens` of a sequence, `cached` of them in the prefix cache, adds
+    to one step of a worker with latency model `lat` (0 where it has none). NOTE: the step's
+    own cost is paid anyway (continuous batching): only the prefill's is counted."""
+    cached = min(cached, tokens)
+    new = tokens - cached
+    if lat is None or new <= 0:
+        return 0.0
+    return max(0.0, lat.iteration_time(1, 0, new, cached) - lat.iteration_time(1, 0))
+
+
+def move_pays(extra_prefill_s: float, wait_here_s: float, wait_there_s: float) -> bool:
+    """A move whose prefill there costs `extra_prefill_s` beyond staying pays where it costs
+    nothing or the slot wait it saves is larger."""
+    return extra_prefill_s <= 0 or wait_here_s - wait_there_s > extra_prefill_s
