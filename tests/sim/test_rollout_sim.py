@@ -10,7 +10,7 @@ from loom.core.trajectory import TrajectorySpec, TurnSpec, WorkloadKind
 from loom.rollout.baselines import CacheAwareRouter, HybridRouter, LeastLoadRouter
 from loom.rollout.heddle.planner import DegreeCostModel
 from loom.rollout.heddle.router import HeddleRouter
-from loom.rollout.policy import SCHEDULERS, SchedulerKind, WorkerLayout
+from loom.rollout.policy import SCHEDULERS, Router, SchedulerKind, WorkerLayout
 from loom.sim.rollout import RolloutConfig, RolloutSimulator
 from loom.sim.workloads import AgenticWorkload
 
@@ -228,3 +228,92 @@ def test_router_decisions_are_one_at_a_time():
 def test_dispatch_delay_must_be_a_time(bad, name):
     with pytest.raises(ConfigError, match=name):
         RolloutConfig(**{name: bad})
+
+
+class _Flipper(Router):
+    """Every trajectory starts on worker 0 and, at each tool call, asks to move to the other
+    worker; it moves only where `move_pays` (when injected) says so. Counts asks and moves."""
+
+    def __init__(self) -> None:
+        self.homes: dict[int, int] = {}
+        self.asked = self.moved = 0
+
+    def route(self, t, workers, now):
+        return self.homes.setdefault(t.traj_id, 0)
+
+    def migrate(self, t, workers, now):
+        home = self.homes.setdefault(t.traj_id, 0)
+        other = 1 - home
+        self.asked += 1
+        if self.move_pays is not None and not self.move_pays(t, home, other):
+            return None
+        self.moved += 1
+        self.homes[t.traj_id] = other
+        return other
+
+
+def _flip(trajs, **cfg):
+    router = _Flipper()
+    cfg = RolloutConfig(model="qwen3-8b", migrate_kv=False, **cfg)
+    res = RolloutSimulator(
+        trajs, WorkerLayout(degrees=(1, 1)), SCHEDULERS.get("fcfs")(), router, cfg
+    ).run()
+    assert res.output_tokens == sum(t.output_tokens for t in trajs)  # nothing lost
+    assert np.all(np.isfinite(res.finish_s))
+    return router, res
+
+
+def _agents(n, turns=3):
+    return [
+        TrajectorySpec(
+            traj_id=i,
+            prompt_id=i,
+            sample_idx=0,
+            workload=WorkloadKind.CODING,
+            turns=(
+                *(TurnSpec(2048 if k == 0 else 256, 256, 1.0) for k in range(turns - 1)),
+                TurnSpec(256, 256, None),
+            ),
+        )
+        for i in range(n)
+    ]
+
+
+def test_gated_moves_that_save_no_wait_are_declined():
+    # Workers with room for every turn: a move saves no slot wait and would prefill the
+    # context again, so the served router's rule declines every one; the run is the run of
+    # a router that never moves. Without the gate (the papers' simulations) each ask moves.
+    trajs = _agents(4)
+    gated, res = _flip(trajs, gate_moves=True)
+    assert gated.asked > 0 and gated.moved == 0
+    stay = RolloutSimulator(
+        trajs,
+        WorkerLayout(degrees=(1, 1)),
+        SCHEDULERS.get("fcfs")(),
+        _Stay(),
+        RolloutConfig(model="qwen3-8b", migrate_kv=False),
+    ).run()
+    assert res.makespan_s == pytest.approx(stay.makespan_s, rel=1e-12)
+    assert res.prefill_tokens == stay.prefill_tokens
+    free, moved = _flip(trajs)
+    assert free.moved == free.asked > 0 and moved.prefill_tokens > res.prefill_tokens
+
+
+def test_gated_moves_leave_a_long_queue_where_the_wait_pays():
+    # One turn at a time per worker and every trajectory homed on worker 0: turns queue
+    # there behind each other while worker 1 idles, so moving pays for its prefill.
+    gated, res = _flip(_agents(8), gate_moves=True, max_running=1)
+    assert gated.moved > 0
+    stay = RolloutSimulator(
+        _agents(8),
+        WorkerLayout(degrees=(1, 1)),
+        SCHEDULERS.get("fcfs")(),
+        _Stay(),
+        RolloutConfig(model="qwen3-8b", migrate_kv=False, max_running=1),
+    ).run()
+    assert res.makespan_s < stay.makespan_s
+
+
+class _Stay(Router):
+    def route(self, t, workers, now):
+        return 0
