@@ -18,13 +18,15 @@ from process_tree import descendants, wait_descendants, wait_gone
 from loom.proc.tether import Tethered, group_members
 
 
-def _parent(command: list[str]) -> subprocess.Popen[str]:
-    """A Python process that tethers `command`, prints the command's pid and sleeps."""
+def _parent(command: list[str], pipes: bool = False) -> subprocess.Popen[str]:
+    """A Python process that tethers `command`, prints the command's pid and sleeps;
+    `pipes`: the command's stdout and stderr are pipes to that process."""
+    kwargs = "stdout=subprocess.PIPE, stderr=subprocess.PIPE" if pipes else ""
     code = textwrap.dedent(
         f"""
-        import time
+        import subprocess, time
         from loom.proc.tether import Tethered
-        child = Tethered({command!r})
+        child = Tethered({command!r}, {kwargs})
         print(child.pid, flush=True)
         time.sleep(600)
         """
@@ -44,6 +46,24 @@ def test_sigkill_of_the_parent_ends_the_whole_group(children_first: bool) -> Non
         assert sorted(group_members(command)) == sorted(p.pid for p in tree)
         if children_first:  # as Ray ends an actor's worker: its children, then the worker
             os.kill(command, signal.SIGKILL)
+        parent.kill()
+        parent.wait()
+        assert wait_gone(tree) == {}
+    finally:
+        parent.kill()
+        parent.wait()
+        if parent.stdout is not None:
+            parent.stdout.close()
+
+
+def test_a_parent_whose_pipes_die_with_it_still_ends_the_group() -> None:
+    # the command's stderr (the tether's too) is a pipe to the parent: once the parent is
+    # gone the tether's note about it cannot be written, and the group must end all the same
+    parent = _parent(["bash", "-c", "sleep 3007 & wait"], pipes=True)
+    try:
+        assert parent.stdout is not None
+        int(parent.stdout.readline())
+        tree = wait_descendants(parent.pid, 3)  # bash, the tether, the sleep
         parent.kill()
         parent.wait()
         assert wait_gone(tree) == {}

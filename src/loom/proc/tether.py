@@ -123,11 +123,14 @@ def _watch(command: int, grace_s: float) -> NoReturn:
         if command in ready:
             break
         if not os.read(0, 4096):
-            print(
-                f"loom tether: the parent of process group {os.getpgrp()} is gone; ending it",
-                file=sys.stderr,
-                flush=True,
-            )
+            # NOTE: stderr may be a pipe to the parent that just died: a failed note must not
+            # end the tether before the group
+            with contextlib.suppress(OSError, ValueError):
+                print(
+                    f"loom tether: the parent of process group {os.getpgrp()} is gone; ending it",
+                    file=sys.stderr,
+                    flush=True,
+                )
             break
     _end_group(grace_s)
     os._exit(0)

@@ -285,3 +285,45 @@ def test_a_full_engine_queues_the_rest() -> None:
     waited = [r for r in log.values() if r["admitted_s"] >= first_end]
     assert len(waited) == 1
     assert waited[0]["admitted_s"] == pytest.approx(first_end)
+
+
+def test_an_engine_that_cannot_start_says_why() -> None:
+    with pytest.raises(RuntimeError, match=r"(?s)did not start.*unknown model 'nonsense'"):
+        EmulatedProcess("nonsense@h100")
+
+
+def test_the_engine_ends_with_its_sigkilled_parent() -> None:
+    """A harness (a benchmark, a test run) that starts emulated engines and is killed leaves
+    none running: the engine is tethered to the process that started it."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from process_tree import descendants, wait_gone
+
+    code = textwrap.dedent(
+        f"""
+        import time
+        from loom.runtime.emulate import EmulatedProcess
+        engine = EmulatedProcess({SPEC!r}).__enter__()
+        print(engine.url, flush=True)
+        time.sleep(600)
+        """
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        url = parent.stdout.readline().strip()
+        assert httpx.get(url + "/health", timeout=10).status_code == 200
+        tree = descendants(parent.pid)
+        assert tree, "the engine runs below its parent"
+        parent.kill()
+        parent.wait()
+        assert wait_gone(tree) == {}
+        with pytest.raises(httpx.TransportError):
+            httpx.get(url + "/health", timeout=5)
+    finally:
+        parent.kill()
+        parent.wait()
+        if parent.stdout is not None:
+            parent.stdout.close()

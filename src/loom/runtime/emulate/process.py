@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 from dataclasses import fields
 
 from loom.core.errors import ConfigError
@@ -24,17 +25,24 @@ class EmulatedProcess:
     manager. Its URL is `url`."""
 
     def __init__(self, spec: str, *args: str) -> None:
+        # NOTE: stderr goes to a file, not a pipe: a pipe nobody reads fills (64 KiB of
+        # warnings) and then blocks the engine
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (closed by stop())
         self.proc = Tethered(
             [sys.executable, "-m", "loom.runtime.emulate", spec, "--port", "0", *args],
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stderr=self._stderr,
             text=True,
         )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()  # printed once it listens
         match = re.search(r"http://\S+", line)
         if match is None:
-            err = self.proc.stderr.read() if self.proc.stderr is not None else ""
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)  # it may still run: it said no URL
+            self.proc.wait(10)
+            self._stderr.seek(0)
+            err = self._stderr.read().decode(errors="replace")
             self.stop()
             raise RuntimeError(f"the emulated engine did not start: {line!r} {err[-2000:]}")
         self.url = match.group(0)
@@ -48,9 +56,9 @@ class EmulatedProcess:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)  # the engine and its tether
         self.proc.wait(10)
-        for f in (self.proc.stdout, self.proc.stderr):
-            if f is not None:
-                f.close()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self._stderr.close()
 
     def __enter__(self) -> EmulatedProcess:
         return self
