@@ -277,6 +277,15 @@ def test_models_health_stats_metrics(rig) -> None:
     assert set(stats["engines"]) == {"e0", "e1"}
     assert sum(e["tokens"] for e in stats["engines"].values()) == 5
     assert stats["policy"]["decisions"] == 1
+    # the engine that ran the turn has a measured pace; the other none yet
+    paces = sorted(
+        ((e["turn_s"], e["start_s"], e["token_s"]) for e in stats["engines"].values()),
+        key=lambda p: p[0] is None,
+    )
+    (turn_s, start_s, token_s), idle = paces
+    # (tokens that arrive in one read leave no time between them: >= 0, not > 0)
+    assert 0 < start_s <= turn_s and token_s >= 0
+    assert idle == (None, None, None)
     text = r.http.get("/metrics").text
     for name in (
         "loom_rollout_request_seconds_bucket",

@@ -1366,7 +1366,9 @@ class RolloutDriver:
                 "waiting": e.reported.waiting,
                 "kv_usage": e.reported.kv_usage,
             },
-            "turn_s": e.pace.turn_s,
+            "turn_s": e.pace.turn_s,  # its measured pace (moving averages; None: not yet)
+            "start_s": e.pace.start_s,  # an attempt's start to its first token
+            "token_s": e.pace.token_s,  # per decoded token after the first
             "running": len(e.running),
             "waiting": len(e.waiting),
             "load": e.load,
