@@ -495,14 +495,32 @@ def _cost_model(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+# the router settings each system and setting of the benchmark sets itself
+_BENCH_SETS = {
+    "placement",
+    "scheduler",
+    "engines",
+    "profiles",
+    "model",
+    "gpu",
+    "port",
+    "host",
+    "state_dir",
+}
+
+
 def _router_setting(text: str) -> tuple[str, Any]:
     """KEY=VALUE for --router-set: VALUE as JSON where it parses (numbers, true), else text;
-    KEY must be one of the router's settings."""
+    KEY must be one of the router's settings, and not one the benchmark sets itself."""
     key, eq, value = text.partition("=")
     if not eq or key not in RolloutServerConfig.model_fields:
         raise argparse.ArgumentTypeError(
             f"{text!r}: expected KEY=VALUE with KEY one of the router's settings "
             f"(loom serve rollout --config), e.g. refit_every=100000"
+        )
+    if key in _BENCH_SETS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: the benchmark sets {key} itself (for a system, --systems)"
         )
     try:
         return key, json.loads(value)
@@ -941,7 +959,8 @@ def main() -> None:
         default=[],
         metavar="KEY=VALUE",
         help="a setting of Loom's router for every Loom system (repeatable; an ablation, "
-        "e.g. refit_every=100000 or max_preemptions=0)",
+        "e.g. refit_every=100000 or max_preemptions=0); the simulation of a system sees the "
+        "settings its router's policies read (placement parameters), not the driver's",
     )
     emu = ap.add_argument_group("paper scale on emulated GPUs")
     emu.add_argument("--emulate", default=None, help="MODEL@GPU[:tpN], e.g. qwen3-14b@h100:tp2")

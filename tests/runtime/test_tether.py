@@ -13,7 +13,7 @@ import textwrap
 import time
 
 import pytest
-from process_tree import descendants, wait_descendants, wait_gone
+from process_tree import Proc, descendants, wait_descendants, wait_gone
 
 from loom.proc.tether import Tethered, group_members
 
@@ -38,6 +38,7 @@ def _parent(command: list[str], pipes: bool = False) -> subprocess.Popen[str]:
 def test_sigkill_of_the_parent_ends_the_whole_group(children_first: bool) -> None:
     # a shell with a child in the foreground and one in the background, in the group
     parent = _parent(["bash", "-c", "sleep 3001 & sleep 3002 & wait"])
+    tree: list[Proc] = []
     try:
         assert parent.stdout is not None
         command = int(parent.stdout.readline())
@@ -52,6 +53,8 @@ def test_sigkill_of_the_parent_ends_the_whole_group(children_first: bool) -> Non
     finally:
         parent.kill()
         parent.wait()
+        for proc in tree:  # what a failure left
+            proc.kill()
         if parent.stdout is not None:
             parent.stdout.close()
 
@@ -60,6 +63,7 @@ def test_a_parent_whose_pipes_die_with_it_still_ends_the_group() -> None:
     # the command's stderr (the tether's too) is a pipe to the parent: once the parent is
     # gone the tether's note about it cannot be written, and the group must end all the same
     parent = _parent(["bash", "-c", "sleep 3007 & wait"], pipes=True)
+    tree: list[Proc] = []
     try:
         assert parent.stdout is not None
         int(parent.stdout.readline())
@@ -70,6 +74,8 @@ def test_a_parent_whose_pipes_die_with_it_still_ends_the_group() -> None:
     finally:
         parent.kill()
         parent.wait()
+        for proc in tree:  # what a failure left
+            proc.kill()
         if parent.stdout is not None:
             parent.stdout.close()
 

@@ -1,5 +1,7 @@
 """Invariants of the rollout simulator under every scheduler and router."""
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -10,6 +12,7 @@ from loom.core.trajectory import TrajectorySpec, TurnSpec, WorkloadKind
 from loom.rollout.baselines import CacheAwareRouter, HybridRouter, LeastLoadRouter
 from loom.rollout.heddle.planner import DegreeCostModel
 from loom.rollout.heddle.router import HeddleRouter
+from loom.rollout.moves import slot_wait_s
 from loom.rollout.policy import SCHEDULERS, Router, SchedulerKind, WorkerLayout
 from loom.sim.rollout import RolloutConfig, RolloutSimulator
 from loom.sim.workloads import AgenticWorkload
@@ -231,12 +234,16 @@ def test_dispatch_delay_must_be_a_time(bad, name):
 
 
 class _Flipper(Router):
-    """Every trajectory starts on worker 0 and, at each tool call, asks to move to the other
-    worker; it moves only where `move_pays` (when injected) says so. Counts asks and moves."""
+    """Every trajectory starts on worker 0 and, at each tool call and whenever it waits in a
+    queue (`stale` names every trajectory after each turn), asks to move to the other worker;
+    it moves only where `move_pays` (when injected) says so. Counts asks and moves."""
 
     def __init__(self) -> None:
         self.homes: dict[int, int] = {}
         self.asked = self.moved = 0
+
+    def stale(self):
+        return list(self.homes)
 
     def route(self, t, workers, now):
         return self.homes.setdefault(t.traj_id, 0)
@@ -283,7 +290,9 @@ def test_gated_moves_that_save_no_wait_are_declined():
     # Workers with room for every turn: a move saves no slot wait and would prefill the
     # context again, so the served router's rule declines every one; the run is the run of
     # a router that never moves. Without the gate (the papers' simulations) each ask moves.
-    trajs = _agents(4)
+    # Turns that reach a worker mid-iteration wait for its next one with slots free: the
+    # router would have sent them on at once, so that wait is none of its slot waits.
+    trajs = _agents(8)
     gated, res = _flip(trajs, gate_moves=True)
     assert gated.asked > 0 and gated.moved == 0
     stay = RolloutSimulator(
@@ -317,3 +326,24 @@ def test_gated_moves_leave_a_long_queue_where_the_wait_pays():
 class _Stay(Router):
     def route(self, t, workers, now):
         return 0
+
+
+def test_gated_slot_wait_counts_only_turns_beyond_what_the_router_would_forward():
+    # The router forwards a turn at once while its engine runs fewer than `max_running` of
+    # its turns; a simulated worker admits at its next iteration, so turns that arrived since
+    # wait in its queue with slots free. Those are no slot wait; turns beyond the cap are.
+    trajs = _agents(6)
+    cfg = RolloutConfig(model="qwen3-8b", migrate_kv=False, gate_moves=True, max_running=4)
+    sim = RolloutSimulator(
+        trajs, WorkerLayout(degrees=(1, 1)), SCHEDULERS.get("fcfs")(), _Stay(), cfg
+    )
+    w = sim.workers[0]
+    for t in sim.trajs[:3]:
+        w.enqueue(t, poke=False)
+    assert len(w.waiting) == 3 and not w.running
+    assert sim._slot_wait(w) == 0.0
+    for t in sim.trajs[3:]:
+        w.enqueue(t, poke=False)
+    assert sim._slot_wait(w) == math.inf  # two beyond the cap, and no turn has ended yet
+    sim._turn_s[0] = 2.0
+    assert sim._slot_wait(w) == slot_wait_s(0, 2.0, 2)

@@ -123,9 +123,11 @@ def _watch(command: int, grace_s: float) -> NoReturn:
         if command in ready:
             break
         if not os.read(0, 4096):
-            # NOTE: stderr may be a pipe to the parent that just died: a failed note must not
-            # end the tether before the group
+            # NOTE: stderr may be a pipe to the parent that just died, or one nobody reads
+            # that is full: the note must neither end nor block the tether before the group
+            # (non-blocking for the group too, which shares the pipe: it is ending anyway)
             with contextlib.suppress(OSError, ValueError):
+                os.set_blocking(2, False)
                 print(
                     f"loom tether: the parent of process group {os.getpgrp()} is gone; ending it",
                     file=sys.stderr,

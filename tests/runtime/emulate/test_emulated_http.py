@@ -311,9 +311,11 @@ def test_the_engine_ends_with_its_sigkilled_parent() -> None:
         """
     )
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    tree = []
     try:
         assert parent.stdout is not None
         url = parent.stdout.readline().strip()
+        assert url.startswith("http://"), f"the parent did not start an engine: {url!r}"
         assert httpx.get(url + "/health", timeout=10).status_code == 200
         tree = descendants(parent.pid)
         assert tree, "the engine runs below its parent"
@@ -325,5 +327,7 @@ def test_the_engine_ends_with_its_sigkilled_parent() -> None:
     finally:
         parent.kill()
         parent.wait()
+        for proc in tree:  # what a failure left
+            proc.kill()
         if parent.stdout is not None:
             parent.stdout.close()

@@ -28,12 +28,16 @@ class EmulatedProcess:
         # NOTE: stderr goes to a file, not a pipe: a pipe nobody reads fills (64 KiB of
         # warnings) and then blocks the engine
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (closed by stop())
-        self.proc = Tethered(
-            [sys.executable, "-m", "loom.runtime.emulate", spec, "--port", "0", *args],
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            text=True,
-        )
+        try:
+            self.proc = Tethered(
+                [sys.executable, "-m", "loom.runtime.emulate", spec, "--port", "0", *args],
+                stdout=subprocess.PIPE,
+                stderr=self._stderr,
+                text=True,
+            )
+        except BaseException:
+            self._stderr.close()
+            raise
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()  # printed once it listens
         match = re.search(r"http://\S+", line)

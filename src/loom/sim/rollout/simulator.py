@@ -203,10 +203,13 @@ class RolloutSimulator:
         self._router_free = 0.0  # when the served router has decided every turn it holds
         self._ran = False
         # the served router's move rule: each worker's turn time (a moving average over its
-        # finished turns, as the router measures an engine's pace), from each turn's admission
+        # finished turns, as the router measures an engine's pace), from each turn's
+        # admission; and what the router knows of each trajectory's prefixes (the tokens it
+        # last computed at each worker: an engine's evictions are not seen)
         self._turn_s: list[float | None] = [None] * len(self.workers)
         self._admitted_s: dict[int, float] = {}
-        if config.gate_moves and router.move_pays is None:
+        self._prefix: dict[int, dict[int, int]] = {}
+        if config.gate_moves:
             router.move_pays = self._move_pays
 
     def _build_workers(
@@ -285,30 +288,42 @@ class RolloutSimulator:
         self._turn_s[w.idx] = ran if old is None else old + PACE_WEIGHT * (ran - old)
 
     def _slot_wait(self, w: Worker) -> float:
-        if len(w.running) < w.max_running and not w.waiting:
+        """As the router reckons it for an engine it may send `max_running` turns: none while
+        its turns (running, and those arrived since its iteration began) leave room, else
+        the turns beyond that ahead of one more."""
+        turns = len(w.running) + len(w.waiting)
+        if turns < w.max_running:
             return 0.0
-        return slot_wait_s(len(w.running), self._turn_s[w.idx], len(w.waiting))
+        return slot_wait_s(len(w.running), self._turn_s[w.idx], turns - w.max_running)
 
     def _move_pays(self, view: object, src: int, dst: int) -> bool:
         """The served router's rule (`RolloutDriver._move_pays`): moving trajectory `view`
-        from worker `src` to `dst` prefills its next turn's context at `dst`; it pays where
-        the slot wait it saves exceeds what that costs beyond prefilling it at `src`."""
+        from worker `src` to `dst` prefills its context at `dst` (what the router knows:
+        the context so far in a tool call, with the next turn's input once that has arrived);
+        it pays where the slot wait it saves exceeds what that costs beyond prefilling it at
+        `src`. NOTE: the router's late binding, learned engine limits and `queue` are not
+        modelled: a simulated worker takes `max_running` turns."""
         if not (0 <= src < len(self.workers)) or not (0 <= dst < len(self.workers)):
             return True  # nowhere to stay (or a worker the router should not name)
-        t = self.trajs[view.traj_id]  # type: ignore[attr-defined]
-        seq = t.context + (t.turn_input if t.steps_done < t.spec.num_turns else 0)
+        assert isinstance(view, TrajState)
+        t = view
+        seq = t.context + (t.turn_input if t.status == TrajectoryStatus.QUEUED else 0)
+        known = self._prefix.get(t.traj_id, {})
         a, b = self.workers[src], self.workers[dst]
-        cost = prefill_s(b.lat, seq, b.cached_tokens(t.traj_id)) - prefill_s(
-            a.lat, seq, a.cached_tokens(t.traj_id)
-        )
+        cost = prefill_s(b.lat, seq, known.get(dst, 0)) - prefill_s(a.lat, seq, known.get(src, 0))
         return move_pays(cost, self._slot_wait(a), self._slot_wait(b))
 
     # ---- callbacks ---------------------------------------------------------------------
     def _turn_done(self, t: TrajState, w: Worker) -> None:
+        turn = t.spec.turns[t.steps_done]
+        finished = t.end_turn(self.eng.now)
         if self.cfg.gate_moves:
             self._ran_turn(t, w)
-        turn = t.spec.turns[t.steps_done]
-        if t.end_turn(self.eng.now):
+            if finished:
+                self._prefix.pop(t.traj_id, None)
+            else:  # the router learns what the engine computed when the turn ends there
+                self._prefix.setdefault(t.traj_id, {})[w.idx] = t.context
+        if finished:
             self._active -= 1
             self._series.append((self.eng.now, self._active))
             self.router.finish(t)
