@@ -6,7 +6,10 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,3 +80,28 @@ def wait_gone(procs: list[Proc], timeout_s: float = 30.0) -> dict[int, str]:
     while (left := [p for p in procs if p.alive]) and time.monotonic() < deadline:
         time.sleep(0.05)
     return {p.pid: p.command for p in left}
+
+
+@contextlib.contextmanager
+def python_parent(code: str) -> Iterator[tuple[subprocess.Popen[str], list[Proc]]]:
+    """A Python process running `code` (its stdout a pipe, as text), and a list for the
+    processes a test finds below it; on leaving, the parent and those are killed, so that a
+    failed test leaves nothing running."""
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    found: list[Proc] = []
+    try:
+        yield parent, found
+    finally:
+        parent.kill()
+        parent.wait()
+        for proc in found:
+            proc.kill()
+        if parent.stdout is not None:
+            parent.stdout.close()
+
+
+def sigkill_parent(parent: subprocess.Popen[str], tree: list[Proc]) -> dict[int, str]:
+    """SIGKILL `parent`; what of `tree` is still alive after a generous wait."""
+    parent.kill()
+    parent.wait()
+    return wait_gone(tree)

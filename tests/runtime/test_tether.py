@@ -8,21 +8,26 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import textwrap
 import time
 
 import pytest
-from process_tree import Proc, descendants, wait_descendants, wait_gone
+from process_tree import (
+    descendants,
+    python_parent,
+    sigkill_parent,
+    wait_descendants,
+    wait_gone,
+)
 
 from loom.proc.tether import Tethered, group_members
 
 
-def _parent(command: list[str], pipes: bool = False) -> subprocess.Popen[str]:
-    """A Python process that tethers `command`, prints the command's pid and sleeps;
+def _code(command: list[str], pipes: bool = False) -> str:
+    """A Python program that tethers `command`, prints the command's pid and sleeps;
     `pipes`: the command's stdout and stderr are pipes to that process."""
     kwargs = "stdout=subprocess.PIPE, stderr=subprocess.PIPE" if pipes else ""
-    code = textwrap.dedent(
+    return textwrap.dedent(
         f"""
         import subprocess, time
         from loom.proc.tether import Tethered
@@ -31,53 +36,30 @@ def _parent(command: list[str], pipes: bool = False) -> subprocess.Popen[str]:
         time.sleep(600)
         """
     )
-    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
 
 
 @pytest.mark.parametrize("children_first", [False, True])
 def test_sigkill_of_the_parent_ends_the_whole_group(children_first: bool) -> None:
     # a shell with a child in the foreground and one in the background, in the group
-    parent = _parent(["bash", "-c", "sleep 3001 & sleep 3002 & wait"])
-    tree: list[Proc] = []
-    try:
+    with python_parent(_code(["bash", "-c", "sleep 3001 & sleep 3002 & wait"])) as (parent, tree):
         assert parent.stdout is not None
         command = int(parent.stdout.readline())
-        tree = wait_descendants(parent.pid, 4)  # bash, the tether, two sleeps
+        tree += wait_descendants(parent.pid, 4)  # bash, the tether, two sleeps
         assert tree[0].pid == command and tree[0].command.startswith("bash -c sleep 3001")
         assert sorted(group_members(command)) == sorted(p.pid for p in tree)
         if children_first:  # as Ray ends an actor's worker: its children, then the worker
             os.kill(command, signal.SIGKILL)
-        parent.kill()
-        parent.wait()
-        assert wait_gone(tree) == {}
-    finally:
-        parent.kill()
-        parent.wait()
-        for proc in tree:  # what a failure left
-            proc.kill()
-        if parent.stdout is not None:
-            parent.stdout.close()
+        assert sigkill_parent(parent, tree) == {}
 
 
 def test_a_parent_whose_pipes_die_with_it_still_ends_the_group() -> None:
     # the command's stderr (the tether's too) is a pipe to the parent: once the parent is
     # gone the tether's note about it cannot be written, and the group must end all the same
-    parent = _parent(["bash", "-c", "sleep 3007 & wait"], pipes=True)
-    tree: list[Proc] = []
-    try:
+    with python_parent(_code(["bash", "-c", "sleep 3007 & wait"], pipes=True)) as (parent, tree):
         assert parent.stdout is not None
         int(parent.stdout.readline())
-        tree = wait_descendants(parent.pid, 3)  # bash, the tether, the sleep
-        parent.kill()
-        parent.wait()
-        assert wait_gone(tree) == {}
-    finally:
-        parent.kill()
-        parent.wait()
-        for proc in tree:  # what a failure left
-            proc.kill()
-        if parent.stdout is not None:
-            parent.stdout.close()
+        tree += wait_descendants(parent.pid, 3)  # bash, the tether, the sleep
+        assert sigkill_parent(parent, tree) == {}
 
 
 def test_the_exit_status_is_the_commands() -> None:

@@ -295,11 +295,9 @@ def test_an_engine_that_cannot_start_says_why() -> None:
 def test_the_engine_ends_with_its_sigkilled_parent() -> None:
     """A harness (a benchmark, a test run) that starts emulated engines and is killed leaves
     none running: the engine is tethered to the process that started it."""
-    import subprocess
-    import sys
     import textwrap
 
-    from process_tree import descendants, wait_gone
+    from process_tree import descendants, python_parent, sigkill_parent
 
     code = textwrap.dedent(
         f"""
@@ -310,24 +308,13 @@ def test_the_engine_ends_with_its_sigkilled_parent() -> None:
         time.sleep(600)
         """
     )
-    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    tree = []
-    try:
+    with python_parent(code) as (parent, tree):
         assert parent.stdout is not None
         url = parent.stdout.readline().strip()
         assert url.startswith("http://"), f"the parent did not start an engine: {url!r}"
         assert httpx.get(url + "/health", timeout=10).status_code == 200
-        tree = descendants(parent.pid)
+        tree += descendants(parent.pid)
         assert tree, "the engine runs below its parent"
-        parent.kill()
-        parent.wait()
-        assert wait_gone(tree) == {}
+        assert sigkill_parent(parent, tree) == {}
         with pytest.raises(httpx.TransportError):
             httpx.get(url + "/health", timeout=5)
-    finally:
-        parent.kill()
-        parent.wait()
-        for proc in tree:  # what a failure left
-            proc.kill()
-        if parent.stdout is not None:
-            parent.stdout.close()
