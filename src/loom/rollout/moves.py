@@ -1,9 +1,12 @@
 """When moving a turn to another worker pays, by one rule for the served router and the
 simulator of it: a move that cannot carry the trajectory's KV cache with it prefills the
-context again at the destination, so it is made only where the wait it saves exceeds what
+context again at the destination, so it is made only where the time it saves exceeds what
 that prefill costs beyond prefilling it where it is (the issue 28 rule that gates Heddle's
-migrations and late binding). Both sides supply the same three figures from what they know:
-the workers' latency models, their running and waiting turns, and the time a turn runs."""
+migrations and late binding). The time saved is the slot wait, and for a migration also the
+pace: the trajectory's remaining tokens (as predicted) decode at the destination's step time
+instead of the source's, each with the trajectory among its running turns. Both sides supply
+the same figures from what they know: the workers' latency models, their running and
+waiting turns and contexts, the time a turn runs, the trajectory's prediction."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ import math
 
 from loom.perf.latency import LatencyModel
 
-__all__ = ["move_pays", "prefill_s", "slot_wait_s"]
+__all__ = ["decode_step_s", "move_pays", "prefill_s", "slot_wait_s"]
 
 
 def slot_wait_s(running: int, turn_s: float | None, ahead: int = 0) -> float:
@@ -35,7 +38,18 @@ def prefill_s(lat: LatencyModel | None, tokens: int, cached: int) -> float:
     return max(0.0, lat.iteration_time(1, 0, new, cached) - lat.iteration_time(1, 0))
 
 
-def move_pays(extra_prefill_s: float, wait_here_s: float, wait_there_s: float) -> bool:
+def decode_step_s(lat: LatencyModel | None, batch: int, context: int) -> float:
+    """Seconds one decode step of `batch` running sequences holding `context` tokens takes
+    on a worker with latency model `lat` (0 where it has none)."""
+    if lat is None or batch <= 0:
+        return 0.0
+    return lat.iteration_time(batch, context)
+
+
+def move_pays(
+    extra_prefill_s: float, wait_here_s: float, wait_there_s: float, pace_gain_s: float = 0.0
+) -> bool:
     """A move whose prefill there costs `extra_prefill_s` beyond staying pays where it costs
-    nothing or the slot wait it saves is larger."""
-    return extra_prefill_s <= 0 or wait_here_s - wait_there_s > extra_prefill_s
+    nothing or the slot wait it saves, with what its pace gains (`pace_gain_s`, negative
+    where it loses), is larger."""
+    return extra_prefill_s <= 0 or (wait_here_s - wait_there_s) + pace_gain_s > extra_prefill_s

@@ -60,7 +60,7 @@ from loom.core.trajectory import TrajectorySpec
 from loom.perf.latency import LatencyModel
 from loom.rollout.heddle.planner import DegreeCostModel, decode_context
 from loom.rollout.heddle.router import HeddleRouter
-from loom.rollout.moves import move_pays, prefill_s, slot_wait_s
+from loom.rollout.moves import decode_step_s, move_pays, prefill_s, slot_wait_s
 from loom.rollout.policy import ROUTERS, SCHEDULERS, PlacementKind, Router, TurnScheduler
 from loom.runtime.rollout.admission import engine_priority
 from loom.runtime.rollout.config import EngineConfig, EngineKind, RolloutServerConfig
@@ -674,7 +674,9 @@ class RolloutDriver:
 
     def _move_pays(self, traj: Any, src_idx: int, dst_idx: int) -> bool:
         """Heddle's migration of a trajectory between its turns: the wait its next turn saves
-        at `dst` must exceed what prefilling its context there costs beyond at `src`."""
+        at `dst`, with the time its remaining tokens (as predicted) save decoding at `dst`'s
+        step rather than `src`'s, must exceed what prefilling its context there costs beyond
+        at `src` (`loom.rollout.moves`)."""
         src = next((e for e in self.live() if e.idx == src_idx), None)
         dst = next((e for e in self.live() if e.idx == dst_idx), None)
         t = self._by_tid.get(traj.traj_id)
@@ -684,10 +686,18 @@ class RolloutDriver:
         cost = self._prefill_s(dst, t, seq, t.prefix.get(dst.idx, 0)) - self._prefill_s(
             src, t, seq, t.prefix.get(src.idx, 0)
         )
-        if move_pays(cost, self._slot_wait(src), self._slot_wait(dst)):
+        remaining = max(0.0, float(t.predicted_total) - t.generated)
+        gain = remaining * (self._step_s(src, seq) - self._step_s(dst, seq))
+        if move_pays(cost, self._slot_wait(src), self._slot_wait(dst), gain):
             return True
         self.counts["migrations_declined"] += 1
         return False
+
+    def _step_s(self, e: EngineState, context: int) -> float:
+        """A decode step of `e`'s with one more sequence of `context` tokens among its
+        running turns, by its latency model (0 where it has none)."""
+        held = sum(len(r.prompt) + len(r.generated) for r in e.running.values())
+        return decode_step_s(self._latency(e.tp), len(e.running) + 1, held + context)
 
     def _slot_wait(self, e: EngineState) -> float:
         """Seconds a turn placed at `e` now would wait for a slot there."""
