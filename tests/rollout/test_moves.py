@@ -8,7 +8,7 @@ import pytest
 
 from loom.core.topology import GpuType
 from loom.perf.latency import RooflineLatencyModel
-from loom.rollout.moves import move_pays, prefill_s, slot_wait_s
+from loom.rollout.moves import decode_step_s, move_pays, prefill_s, slot_wait_s
 
 LAT = RooflineLatencyModel(GpuType.H100, "qwen3-14b", tp=2)
 
@@ -42,3 +42,19 @@ def test_slot_wait_scales_with_the_turns_ahead() -> None:
     assert slot_wait_s(4, None) == math.inf
     assert slot_wait_s(0, 2.0) == 2.0  # nothing running: one turn's time, not a division by 0
     assert slot_wait_s(4, 2.0, ahead=7) == pytest.approx(8 * 2.0 / 4)
+
+
+def test_a_decode_step_grows_with_the_batch_and_its_context() -> None:
+    assert decode_step_s(None, 8, 10_000) == 0.0 and decode_step_s(LAT, 0, 0) == 0.0
+    one = decode_step_s(LAT, 1, 4_000)
+    assert 0 < one < decode_step_s(LAT, 64, 64 * 8_000)
+    assert decode_step_s(LAT, 8, 8_000) < decode_step_s(LAT, 8, 8 * 8_000)
+
+
+@pytest.mark.parametrize(
+    ("gain", "pays"),
+    [(0.6, True), (0.3, False), (-0.1, False)],
+)
+def test_the_pace_a_move_gains_counts_with_the_wait_it_saves(gain, pays) -> None:
+    # 0.5 s of prefill against 0.1 s of wait saved: the pace must make up the rest
+    assert move_pays(0.5, 1.1, 1.0, gain) is pays

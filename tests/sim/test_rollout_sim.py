@@ -347,3 +347,24 @@ def test_gated_slot_wait_counts_only_turns_beyond_what_the_router_would_forward(
     assert sim._slot_wait(w) == math.inf  # two beyond the cap, and no turn has ended yet
     sim._turn_s[0] = 2.0
     assert sim._slot_wait(w) == slot_wait_s(0, 2.0, 2)
+
+
+def test_gated_moves_pay_by_their_pace_where_no_turn_waits():
+    # Room for every turn, but every trajectory starts on worker 0: with long predicted
+    # remainders, decoding them on the less loaded worker repays prefilling their contexts
+    # there, so some move; predicted to end now, none do. Nothing is lost either way.
+    def flip(preds):
+        router = _Flipper()
+        cfg = RolloutConfig(model="qwen3-8b", migrate_kv=False, gate_moves=True)
+        res = RolloutSimulator(
+            _agents(8), WorkerLayout(degrees=(1, 1)), SCHEDULERS.get("fcfs")(), router, cfg,
+            predictions=preds,
+        ).run()  # fmt: skip
+        return router, res
+
+    trajs = _agents(8)
+    long, res = flip([(1e5,) * t.num_turns for t in trajs])
+    assert long.moved > 0
+    done, stay = flip([(0.0,) * t.num_turns for t in trajs])
+    assert done.asked > 0 and done.moved == 0
+    assert res.output_tokens == stay.output_tokens == sum(t.output_tokens for t in trajs)

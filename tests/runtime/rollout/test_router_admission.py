@@ -10,6 +10,7 @@ import asyncio
 import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -22,7 +23,7 @@ from loom.runtime.rollout.admission import Capacity, engine_priority
 from loom.runtime.rollout.driver import RolloutDriver
 from loom.runtime.rollout.engines import EngineClient, EngineLoad, sglang_load, vllm_load
 from loom.runtime.rollout.standin import write_standin_profile
-from loom.runtime.rollout.state import Turn
+from loom.runtime.rollout.state import Trajectory, Turn
 from loom.runtime.rollout.turn import TurnRequest
 
 
@@ -379,3 +380,50 @@ def test_without_the_bound_the_old_turn_starves() -> None:
     got = asyncio.run(_stream_of_trajectories(1000.0, 1))
     assert got["states"] == {"FINISHED"}
     assert not got["old_done_in_stream"]
+
+
+# ---- a migration pays by its wait saved and by its pace -----------------------------------
+
+
+async def _migration_pays(predicted_total: float) -> tuple[bool, int]:
+    """Two idle-slot TP2 engines of Qwen3-14B on H100 (the roofline): the source runs 64
+    turns of 8k tokens, the destination none. Whether moving a trajectory with a 4k-token
+    context cached at the source pays, and the migrations declined."""
+    fakes = {url: FakeEngine(url, None) for url in ("http://fake0", "http://fake1")}
+
+    def client(kind: Any, url: str, session: Any, timeout: float) -> EngineClient:
+        return fakes[url]
+
+    cfg = RolloutServerConfig(
+        engines=tuple(EngineConfig(url=u, kind="sglang", tp=2, max_running=1024) for u in fakes),
+        placement="heddle",
+        model="qwen3-14b",
+        gpu="h100",
+        tokenizer="engine",
+    )
+    driver = RolloutDriver(cfg, client_factory=client)
+    await driver.start()
+    try:
+        src, dst = sorted(driver.live(), key=lambda e: e.idx)
+        for i in range(64):  # stand-ins for running turns: what the rule reads of them
+            src.running[10_000 + i] = SimpleNamespace(prompt=[0] * 8000, generated=[])
+        t = Trajectory(
+            traj_id=999, key="t", prompt_id=0, group=None, declared=False,
+            first_arrival_s=0.0, predicted_total=predicted_total, context=4000,
+        )  # fmt: skip
+        t.prefix[src.idx] = 4000
+        driver._by_tid[t.traj_id] = t
+        pays = driver._move_pays(t, src.idx, dst.idx)
+        src.running.clear()
+        return pays, driver.counts["migrations_declined"]
+    finally:
+        await driver.close()
+
+
+def test_a_migration_that_saves_no_wait_pays_only_by_its_pace() -> None:
+    # No turn waits for a slot at either engine. A trajectory with nothing left to decode
+    # gains nothing by the move and is declined; one with 20k tokens still to decode
+    # decodes them at the idle engine's step rather than the busy one's, which repays
+    # prefilling its 4k tokens there.
+    assert asyncio.run(_migration_pays(0.0)) == (False, 1)
+    assert asyncio.run(_migration_pays(20_000.0)) == (True, 0)
