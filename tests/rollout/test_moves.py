@@ -8,7 +8,7 @@ import pytest
 
 from loom.core.topology import GpuType
 from loom.perf.latency import RooflineLatencyModel
-from loom.rollout.moves import decode_step_s, move_pays, prefill_s, slot_wait_s
+from loom.rollout.moves import decode_step_s, move_pays, pace_gain_s, prefill_s, slot_wait_s
 
 LAT = RooflineLatencyModel(GpuType.H100, "qwen3-14b", tp=2)
 
@@ -45,7 +45,7 @@ def test_slot_wait_scales_with_the_turns_ahead() -> None:
 
 
 def test_a_decode_step_grows_with_the_batch_and_its_context() -> None:
-    assert decode_step_s(None, 8, 10_000) == 0.0 and decode_step_s(LAT, 0, 0) == 0.0
+    assert decode_step_s(None, 8, 10_000) is None and decode_step_s(LAT, 0, 0) == 0.0
     one = decode_step_s(LAT, 1, 4_000)
     assert 0 < one < decode_step_s(LAT, 64, 64 * 8_000)
     assert decode_step_s(LAT, 8, 8_000) < decode_step_s(LAT, 8, 8 * 8_000)
@@ -58,3 +58,11 @@ def test_a_decode_step_grows_with_the_batch_and_its_context() -> None:
 def test_the_pace_a_move_gains_counts_with_the_wait_it_saves(gain, pays) -> None:
     # 0.5 s of prefill against 0.1 s of wait saved: the pace must make up the rest
     assert move_pays(0.5, 1.1, 1.0, gain) is pays
+
+
+def test_a_pace_gain_needs_both_steps_and_a_finite_remainder() -> None:
+    assert pace_gain_s(1000, 0.03, 0.02) == pytest.approx(10.0)
+    assert pace_gain_s(1000, 0.02, 0.03) == pytest.approx(-10.0)  # slower there: a loss
+    assert pace_gain_s(1000, None, 0.02) == pace_gain_s(1000, 0.03, None) == 0.0
+    for remainder in (0.0, -5.0, math.inf, math.nan):
+        assert pace_gain_s(remainder, 0.03, 0.02) == 0.0

@@ -368,3 +368,16 @@ def test_gated_moves_pay_by_their_pace_where_no_turn_waits():
     done, stay = flip([(0.0,) * t.num_turns for t in trajs])
     assert done.asked > 0 and done.moved == 0
     assert res.output_tokens == stay.output_tokens == sum(t.output_tokens for t in trajs)
+
+
+def test_a_lone_trajectory_gains_no_pace_by_moving_between_idle_workers():
+    # Alone on two idle workers, its step is the same either side: with a long remainder it
+    # still stays (the router counts a trajectory once, not again among the turns just ended).
+    trajs = _agents(1)
+    router = _Flipper()
+    cfg = RolloutConfig(model="qwen3-8b", migrate_kv=False, gate_moves=True)
+    RolloutSimulator(
+        trajs, WorkerLayout(degrees=(1, 1)), SCHEDULERS.get("fcfs")(), router, cfg,
+        predictions=[(1e5,) * trajs[0].num_turns],
+    ).run()  # fmt: skip
+    assert router.asked > 0 and router.moved == 0

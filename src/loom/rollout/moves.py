@@ -14,7 +14,7 @@ import math
 
 from loom.perf.latency import LatencyModel
 
-__all__ = ["decode_step_s", "move_pays", "prefill_s", "slot_wait_s"]
+__all__ = ["decode_step_s", "move_pays", "pace_gain_s", "prefill_s", "slot_wait_s"]
 
 
 def slot_wait_s(running: int, turn_s: float | None, ahead: int = 0) -> float:
@@ -38,12 +38,23 @@ def prefill_s(lat: LatencyModel | None, tokens: int, cached: int) -> float:
     return max(0.0, lat.iteration_time(1, 0, new, cached) - lat.iteration_time(1, 0))
 
 
-def decode_step_s(lat: LatencyModel | None, batch: int, context: int) -> float:
+def decode_step_s(lat: LatencyModel | None, batch: int, context: int) -> float | None:
     """Seconds one decode step of `batch` running sequences holding `context` tokens takes
-    on a worker with latency model `lat` (0 where it has none)."""
-    if lat is None or batch <= 0:
+    on a worker with latency model `lat` (None where it has none; 0 for no sequence)."""
+    if lat is None:
+        return None
+    return lat.iteration_time(batch, context) if batch > 0 else 0.0
+
+
+def pace_gain_s(remaining: float, step_here_s: float | None, step_there_s: float | None) -> float:
+    """Seconds `remaining` tokens (as predicted) save decoding at a step of `step_there_s`
+    rather than `step_here_s`; nothing where either step is unknown (a worker without a
+    latency model) or the remainder is not a finite positive number."""
+    if step_here_s is None or step_there_s is None:
         return 0.0
-    return lat.iteration_time(batch, context)
+    if not (math.isfinite(remaining) and remaining > 0):
+        return 0.0
+    return remaining * (step_here_s - step_there_s)
 
 
 def move_pays(

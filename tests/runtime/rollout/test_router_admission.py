@@ -427,3 +427,6 @@ def test_a_migration_that_saves_no_wait_pays_only_by_its_pace() -> None:
     # prefilling its 4k tokens there.
     assert asyncio.run(_migration_pays(0.0)) == (False, 1)
     assert asyncio.run(_migration_pays(20_000.0)) == (True, 0)
+    # near the break-even: 100 tokens repay it only because the 64 running turns' contexts
+    # make the busy engine's step slower (their 512k tokens counted, not just their number)
+    assert asyncio.run(_migration_pays(100.0)) == (True, 0)

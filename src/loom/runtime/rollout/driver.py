@@ -60,7 +60,7 @@ from loom.core.trajectory import TrajectorySpec
 from loom.perf.latency import LatencyModel
 from loom.rollout.heddle.planner import DegreeCostModel, decode_context
 from loom.rollout.heddle.router import HeddleRouter
-from loom.rollout.moves import decode_step_s, move_pays, prefill_s, slot_wait_s
+from loom.rollout.moves import decode_step_s, move_pays, pace_gain_s, prefill_s, slot_wait_s
 from loom.rollout.policy import ROUTERS, SCHEDULERS, PlacementKind, Router, TurnScheduler
 from loom.runtime.rollout.admission import engine_priority
 from loom.runtime.rollout.config import EngineConfig, EngineKind, RolloutServerConfig
@@ -686,16 +686,17 @@ class RolloutDriver:
         cost = self._prefill_s(dst, t, seq, t.prefix.get(dst.idx, 0)) - self._prefill_s(
             src, t, seq, t.prefix.get(src.idx, 0)
         )
-        remaining = max(0.0, float(t.predicted_total) - t.generated)
-        gain = remaining * (self._step_s(src, seq) - self._step_s(dst, seq))
+        gain = pace_gain_s(
+            float(t.predicted_total) - t.generated, self._step_s(src, seq), self._step_s(dst, seq)
+        )
         if move_pays(cost, self._slot_wait(src), self._slot_wait(dst), gain):
             return True
         self.counts["migrations_declined"] += 1
         return False
 
-    def _step_s(self, e: EngineState, context: int) -> float:
+    def _step_s(self, e: EngineState, context: int) -> float | None:
         """A decode step of `e`'s with one more sequence of `context` tokens among its
-        running turns, by its latency model (0 where it has none)."""
+        running turns, by its latency model (None where it has none)."""
         held = sum(len(r.prompt) + len(r.generated) for r in e.running.values())
         return decode_step_s(self._latency(e.tp), len(e.running) + 1, held + context)
 

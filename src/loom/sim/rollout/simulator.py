@@ -19,7 +19,7 @@ from loom.core.trajectory import TrajectorySpec, TrajectoryStatus
 from loom.perf.latency import LatencyModel, RooflineLatencyModel
 from loom.perf.specs import gpu_spec, model_spec
 from loom.rollout.heddle.transmission import MigrationRequest, select_batch
-from loom.rollout.moves import decode_step_s, move_pays, prefill_s, slot_wait_s
+from loom.rollout.moves import decode_step_s, move_pays, pace_gain_s, prefill_s, slot_wait_s
 from loom.rollout.policy import Router, TurnScheduler, WorkerLayout
 from loom.sim.engine import Engine
 from loom.sim.rollout.state import TrajState
@@ -131,14 +131,6 @@ class RolloutResult:
     def longest_queue_delay_s(self) -> float:
         """Total queueing delay of the trajectory that finished last (Heddle Fig. 14)."""
         return float(self.queue_delay_s[int(np.argmax(self.finish_s))])
-
-
-def _running_context(t: TrajState) -> int:
-    """Tokens a running turn of `t` holds: its context, the turn's input and its output so
-    far (a turn that has just ended, not yet out of the running list, holds its context)."""
-    if t.steps_done >= t.spec.num_turns:
-        return t.context
-    return t.context + t.turn_input + t.turn_generated
 
 
 class _WorkerView:
@@ -320,15 +312,19 @@ class RolloutSimulator:
         known = self._prefix.get(t.traj_id, {})
         a, b = self.workers[src], self.workers[dst]
         cost = prefill_s(b.lat, seq, known.get(dst, 0)) - prefill_s(a.lat, seq, known.get(src, 0))
-        remaining = max(0.0, t.predicted_total - t.generated)
-        gain = remaining * (self._step_s(a, seq) - self._step_s(b, seq))
+        gain = pace_gain_s(
+            t.predicted_total - t.generated, self._step_s(a, seq), self._step_s(b, seq)
+        )
         return move_pays(cost, self._slot_wait(a), self._slot_wait(b), gain)
 
-    def _step_s(self, w: Worker, context: int) -> float:
+    def _step_s(self, w: Worker, context: int) -> float | None:
         """A decode step of `w`'s with one more sequence of `context` tokens among its
         running turns (as the router reckons an engine's: their contexts so far)."""
-        held = sum(_running_context(s.traj) for s in w.running)
-        return decode_step_s(w.lat, len(w.running) + 1, held + context)
+        # NOTE: turns that have just ended are still in the list while their callbacks run
+        # (this one among them): the router has taken them out of its running turns by then
+        live = [s.traj for s in w.running if s.traj.status == TrajectoryStatus.RUNNING]
+        held = sum(t.context + t.turn_input + t.turn_generated for t in live)
+        return decode_step_s(w.lat, len(live) + 1, held + context)
 
     # ---- callbacks ---------------------------------------------------------------------
     def _turn_done(self, t: TrajState, w: Worker) -> None:
