@@ -345,7 +345,7 @@ def test_gated_slot_wait_counts_only_turns_beyond_what_the_router_would_forward(
     for t in sim.trajs[3:]:
         w.enqueue(t, poke=False)
     assert sim._slot_wait(w) == math.inf  # two beyond the cap, and no turn has ended yet
-    sim._turn_s[0] = 2.0
+    sim._pace[0].turn_s = 2.0
     assert sim._slot_wait(w) == slot_wait_s(0, 2.0, 2)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from loom.rollout.moves import Pace
 from loom.runtime.rollout.engines import EngineLoad
 from loom.runtime.rollout.turn import Key
 
@@ -58,31 +59,6 @@ class Capacity:
             )
             if self.learned >= bound:
                 self.learned = math.inf
-
-
-@dataclass
-class Pace:
-    """An engine's measured pace, moving averages over its finished attempts (None until one
-    finished): seconds per decoded token, seconds from an attempt's start to its first token
-    (what starting one costs beyond its prefill: the round trip, the engine's admission), and
-    a turn's time running."""
-
-    token_s: float | None = None
-    start_s: float | None = None
-    turn_s: float | None = None
-    weight: float = 0.1  # of the newest observation
-
-    def observe(
-        self, *, start_s: float | None, decode_s: float, tokens: int, turn_s: float
-    ) -> None:
-        if start_s is not None:
-            self.start_s = self._mix(self.start_s, start_s)
-        if tokens > 1:
-            self.token_s = self._mix(self.token_s, decode_s / (tokens - 1))
-        self.turn_s = self._mix(self.turn_s, turn_s)
-
-    def _mix(self, old: float | None, new: float) -> float:
-        return new if old is None else old + self.weight * (new - old)
 
 
 _CLASS = 2**59  # the client's priority class, clamped to [-7, 7]

@@ -19,16 +19,20 @@ from loom.core.trajectory import TrajectorySpec, TrajectoryStatus
 from loom.perf.latency import LatencyModel, RooflineLatencyModel
 from loom.perf.specs import gpu_spec, model_spec
 from loom.rollout.heddle.transmission import MigrationRequest, select_batch
-from loom.rollout.moves import decode_step_s, move_pays, pace_gain_s, prefill_s, slot_wait_s
+from loom.rollout.moves import (
+    Pace,
+    decode_step_s,
+    move_pays,
+    pace_gain_s,
+    prefill_s,
+    slot_wait_s,
+)
 from loom.rollout.policy import Router, TurnScheduler, WorkerLayout
 from loom.sim.engine import Engine
 from loom.sim.rollout.state import TrajState
 from loom.sim.rollout.worker import Worker
 
 __all__ = ["RolloutConfig", "RolloutResult", "RolloutSimulator"]
-
-PACE_WEIGHT = 0.1
-"""Of the newest turn in a worker's moving-average turn time (the served router's `Pace`)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -206,7 +210,7 @@ class RolloutSimulator:
         # finished turns, as the router measures an engine's pace), from each turn's
         # admission; and what the router knows of each trajectory's prefixes (the tokens it
         # last computed at each worker: an engine's evictions are not seen)
-        self._turn_s: list[float | None] = [None] * len(self.workers)
+        self._pace = [Pace() for _ in self.workers]
         self._admitted_s: dict[int, float] = {}
         self._prefix: dict[int, dict[int, int]] = {}
         if config.gate_moves:
@@ -284,8 +288,7 @@ class RolloutSimulator:
         start = self._admitted_s.pop(t.traj_id, None)
         if start is None:
             return
-        ran, old = self.eng.now - start, self._turn_s[w.idx]
-        self._turn_s[w.idx] = ran if old is None else old + PACE_WEIGHT * (ran - old)
+        self._pace[w.idx].observe(start_s=None, decode_s=0.0, tokens=0, turn_s=self.eng.now - start)
 
     def _slot_wait(self, w: Worker) -> float:
         """As the router reckons it for an engine it may send `max_running` turns: none while
@@ -294,7 +297,7 @@ class RolloutSimulator:
         turns = len(w.running) + len(w.waiting)
         if turns < w.max_running:
             return 0.0
-        return slot_wait_s(len(w.running), self._turn_s[w.idx], turns - w.max_running)
+        return slot_wait_s(len(w.running), self._pace[w.idx].turn_s, turns - w.max_running)
 
     def _move_pays(self, view: object, src: int, dst: int) -> bool:
         """The served router's rule (`RolloutDriver._move_pays`): moving trajectory `view`
