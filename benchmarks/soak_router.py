@@ -5,69 +5,24 @@ What a finished trajectory leaves is bounded by `history_limit`, so memory level
 predictor's history window is full (and its first fit is done).
 
 Run: python benchmarks/soak_router.py [--minutes 10] [--trajectories 400] [--json out.json]
+
+The harness is `loom.bench` (`soak`); `--json PATH` writes one results document
+(`loom.bench.results`): a record `"sample"` per sample (`t_s`, `rss_mb`, `finished`) and one
+`"growth"` (over the second half and the whole run).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
-import random
-import sys
-import time
+import tempfile
 from pathlib import Path
+from typing import Any
 
-import aiohttp
-
-sys.path.insert(0, str(Path(__file__).parent))
-from bench_rollout_router import _free_port, _process
-
-from loom.runtime.rollout.standin import StandinProcess
-
-
-def rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS for {pid}")
-
-
-async def load(url: str, n: int, seconds: float, done: list[int]) -> None:
-    deadline = time.monotonic() + seconds
-    rng = random.Random(1)
-    counter = [0]
-    session = aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None)
-    )
-    async with session as http:
-
-        async def trajectory() -> None:
-            while time.monotonic() < deadline:
-                counter[0] += 1
-                key = f"soak-{counter[0]}"
-                ctx = [rng.randrange(3, 30000) for _ in range(rng.randint(8, 64))]
-                for k in range(rng.randint(3, 6)):
-                    body = {
-                        "input_ids": ctx,
-                        "sampling_params": {
-                            "max_new_tokens": rng.randint(4, 32),
-                            "ignore_eos": True,
-                        },
-                    }
-                    async with http.post(
-                        url + "/generate", json=body, headers={"X-Trajectory-Id": key}
-                    ) as resp:
-                        out = await resp.json()
-                        if resp.status != 200:
-                            raise RuntimeError(f"{resp.status}: {out}")
-                    ctx = ctx + out["output_ids"] + [100 + k]
-                    await asyncio.sleep(rng.uniform(0.0, 0.2))  # the tool call
-                async with http.post(f"{url}/v1/trajectories/{key}/end") as resp:
-                    await resp.read()
-                done[0] += 1
-
-        await asyncio.gather(*(trajectory() for _ in range(n)))
+from loom.bench.fleet import StandinEngines
+from loom.bench.progress import RunProgress
+from loom.bench.results import results, write_results
+from loom.bench.routers import ServedRouter
+from loom.bench.soak import growth, soak
 
 
 def main() -> None:
@@ -76,58 +31,59 @@ def main() -> None:
     ap.add_argument("--trajectories", type=int, default=400)
     ap.add_argument("--every-s", type=float, default=30.0)
     ap.add_argument("--history-limit", type=int, default=20_000)
-    ap.add_argument("--json", default=None)
+    ap.add_argument("--seed", type=int, default=1, help="the trajectories' random draws")
+    ap.add_argument("--json", default=None, metavar="PATH", help="write the results here")
     args = ap.parse_args()
-    with StandinProcess("--step-ms", "2") as e1, StandinProcess("--step-ms", "2") as e2:
-        port = _free_port()
-        cfg = Path(f"/tmp/loom-soak-{port}.toml")
+    seconds = args.minutes * 60
+    with (
+        StandinEngines(2, "--step-ms", "2") as fleet,
+        tempfile.TemporaryDirectory() as tmp,
+    ):
+        cfg = Path(tmp) / "router.toml"
         cfg.write_text(f"history_limit = {args.history_limit}\n")
-        cmd = [sys.executable, "-m", "loom.cli", "serve", "rollout", "--port", str(port),
-               "--engine", f"{e1.url},max_running=64", "--engine", f"{e2.url},max_running=64",
-               "--config", str(cfg)]  # fmt: skip
-        url = f"http://127.0.0.1:{port}"
-        with _process(cmd, url, "/health") as proc:
-            done = [0, 0.0]  # trajectories finished, the longest turn (s)
-            samples: list[dict[str, float]] = []
-            t0 = time.monotonic()
+        flags = ["--config", str(cfg)]
+        for url in fleet.urls:
+            flags += ["--engine", f"{url},max_running=64"]
+        with ServedRouter(flags) as router, RunProgress(seconds, "soak (s)") as bar:
 
-            async def sample() -> None:
-                while time.monotonic() - t0 < args.minutes * 60:
-                    samples.append(
-                        {
-                            "t_s": time.monotonic() - t0,
-                            "rss_mb": rss_mb(proc.pid),
-                            "finished": done[0],
-                        }
-                    )
-                    s = samples[-1]
-                    print(
-                        f"{s['t_s']:7.0f} s  RSS {s['rss_mb']:7.1f} MB  "
-                        f"{s['finished']:6d} trajectories finished",
-                        flush=True,
-                    )
-                    await asyncio.sleep(args.every_s)
-
-            async def run() -> None:
-                await asyncio.gather(
-                    load(url, args.trajectories, args.minutes * 60, done), sample()
+            def show(s: dict[str, Any]) -> None:
+                bar.update(s["t_s"])
+                print(
+                    f"{s['t_s']:7.0f} s  RSS {s['rss_mb']:7.1f} MB  "
+                    f"{s['finished']:6d} trajectories finished",
+                    flush=True,
                 )
 
-            asyncio.run(run())
-            samples.append(
-                {"t_s": time.monotonic() - t0, "rss_mb": rss_mb(proc.pid), "finished": done[0]}
+            assert router.pid is not None, "a served router has a process of its own"
+            samples = soak(
+                router.url,
+                router.pid,
+                trajectories=args.trajectories,
+                seconds=seconds,
+                every_s=args.every_s,
+                seed=args.seed,
+                on_sample=show,
             )
-        cfg.unlink(missing_ok=True)
-    half = [s for s in samples if s["t_s"] >= samples[-1]["t_s"] / 2]
-    grew = half[-1]["rss_mb"] - half[0]["rss_mb"]
-    per = grew * 1024 / max(1, half[-1]["finished"] - half[0]["finished"])
+    grew = growth(samples)
     print(
-        f"second half: {grew:+.1f} MB over {half[-1]['finished'] - half[0]['finished']} "
-        f"finished trajectories ({per:+.2f} kB each); whole run "
-        f"{samples[-1]['rss_mb'] - samples[0]['rss_mb']:+.1f} MB"
+        f"second half: {grew['second_half_growth_mb']:+.1f} MB over "
+        f"{grew['second_half_finished']:.0f} finished trajectories "
+        f"({grew['growth_per_trajectory_kb']:+.2f} kB each); whole run "
+        f"{grew['whole_run_growth_mb']:+.1f} MB"
     )
     if args.json:
-        Path(args.json).write_text(json.dumps(samples, indent=1))
+        records = [{"record": "sample", **s} for s in samples]
+        records.append(
+            {
+                "record": "growth",
+                "trajectories": args.trajectories,
+                "minutes": args.minutes,
+                "history_limit": args.history_limit,
+                **grew,
+            }
+        )
+        doc = results("soak_router", records, seed=args.seed)
+        print(f"wrote {len(records)} records to {write_results(args.json, doc)}")
 
 
 if __name__ == "__main__":

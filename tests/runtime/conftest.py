@@ -79,7 +79,7 @@ def client(make_client: Callable[..., Client]) -> Client:
 @pytest.fixture(scope="session")
 def engine_pool() -> Iterator[EnginePool]:
     """Real vLLM engines on the CPU (the tiny model), started on first `get(n)` and shared by
-    the whole run: `engine_pool.get(2)` gives two. Skips without the engine extra."""
+    the whole run: `engine_pool.get(2)` gives two. Skips without the cpu-engine extra."""
     if not engine_available():
         pytest.skip(f"vLLM is not installed: {INSTALL_HINT}")
     with EnginePool(limit=3) as pool:

@@ -22,7 +22,8 @@ from loom.state.tiers import Tier  # noqa: E402
 
 pytestmark = [pytest.mark.torch]
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+cuda = [pytest.mark.gpu, needs_cuda]
 
 
 @given(st.integers(0, 10_000), st.integers(0, 3_000))
@@ -190,7 +191,8 @@ def test_a_sidecar_offloads_and_loads_in_many_chunks_bit_for_bit(
 # ---- on a GPU only ----------------------------------------------------------------------------
 
 
-@cuda
+@pytest.mark.gpu
+@needs_cuda
 @pytest.mark.parametrize("pin", [True, False])
 def test_many_device_host_copies_in_flight_land_bit_for_bit(pin: bool) -> None:
     """More chunks than staging buffers before one wait: device -> host, then host -> device
@@ -221,7 +223,8 @@ def test_many_device_host_copies_in_flight_land_bit_for_bit(pin: bool) -> None:
         assert copier.counters.staged_chunks > 2 * 3  # the staging ring went round
 
 
-@cuda
+@pytest.mark.gpu
+@needs_cuda
 def test_a_copy_waits_for_work_queued_before_it_on_the_current_stream() -> None:
     copier = Copier(chunk_bytes=1 << 20, streams=2)
     src = torch.zeros(8 << 20, device="cuda")
@@ -265,7 +268,8 @@ def test_the_sidecars_mapper_holds_no_mapping_and_lets_go_of_the_old_one_when_re
         cleanup()
 
 
-@cuda
+@pytest.mark.gpu
+@needs_cuda
 def test_a_copy_lets_go_of_its_tensors_once_done() -> None:
     import weakref
 

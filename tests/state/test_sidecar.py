@@ -280,6 +280,7 @@ def test_migration_mirrors_offloaded_state_to_another_nodes_sidecar(
             assert c.call("stats")["deployments"]["job"]["loaded"]
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_a_gpu_the_sidecar_copies_through_cuda_ipc(tmp_path: Path) -> None:
     state = {k: v.cuda() for k, v in state_of("g", 5).items()}

@@ -235,6 +235,7 @@ def test_the_disk_tier_says_whether_it_wrote_directly(tmp_path: Path) -> None:
     assert disk.used == 0 and not list((tmp_path / "d").iterdir())
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_a_gpu_state_goes_through_pinned_host_memory_bit_for_bit(tmp_path: Path) -> None:
     sm = StateManager(

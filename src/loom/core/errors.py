@@ -12,6 +12,7 @@ __all__ = [
     "Conflict",
     "InvalidRequest",
     "LoomError",
+    "MissingExtraError",
     "NotFound",
     "ServiceError",
     "StorageFull",
@@ -97,6 +98,30 @@ class UnknownPolicyError(LoomError, KeyError):
 
     def __str__(self) -> str:  # KeyError quotes its argument; keep the message readable
         return str(self.args[0]) if self.args else "unknown policy"
+
+
+class MissingExtraError(LoomError, ImportError):
+    """A command needs an optional extra that is not installed: the message names the command,
+    the extra, the module missing and the line that installs it."""
+
+    code = "missing_extra"
+
+    def __init__(
+        self, command: str, extra: str, module: str, install: str, instead: str | None = None
+    ) -> None:
+        super().__init__(command, extra, module, install, instead)
+        self.command = command
+        self.extra = extra
+        self.module = module
+        self.install = install
+        self.instead = instead
+
+    def __str__(self) -> str:
+        return (
+            f"{self.command} needs Loom's {self.extra!r} extra ({self.module} is not "
+            f"installed); install it from your Loom checkout: {self.install}"
+            + (f"; {self.instead}" if self.instead else "")
+        )
 
 
 class ServiceError(RuntimeError):

@@ -21,6 +21,7 @@ from loom.runtime.relay.model_sync import WeightFollower, WeightPublisher  # noq
 pytestmark = [
     pytest.mark.torch,
     pytest.mark.slow,
+    pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 

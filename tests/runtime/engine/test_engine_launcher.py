@@ -38,6 +38,9 @@ from loom.runtime.engine import (
         {"startup_timeout_s": 0},
         {"cpus": "first"},
         {"cpus": "0-"},
+        {"tensor_parallel_size": 0},
+        {"devices": "gpu0"},
+        {"device": "tpu"},
     ],
 )
 def test_config_refuses_bad_values(field: dict[str, float]) -> None:
@@ -46,7 +49,9 @@ def test_config_refuses_bad_values(field: dict[str, float]) -> None:
 
 
 def test_command_line_carries_the_flags(tmp_path: Path) -> None:
-    cfg = EngineConfig(max_running=3, priority=True, gpu_memory_utilization=0.2, state_dir=tmp_path)
+    cfg = EngineConfig(
+        max_running=3, priority=True, gpu_memory_utilization=0.2, state_dir=tmp_path, device="cpu"
+    )
     cmd = cfg.command(Path("/m"), 1234)
     joined = " ".join(cmd)
     assert cmd[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
@@ -64,8 +69,49 @@ def test_command_line_carries_the_flags(tmp_path: Path) -> None:
     assert "--scheduling-policy priority" in " ".join(EngineConfig().command(Path("/m"), 1))
     assert "--scheduling-policy" not in EngineConfig(priority=False).command(Path("/m"), 1)
     assert cfg.environment()["VLLM_SERVER_DEV_MODE"] == "1"
-    assert EngineConfig(cpus="1").environment()["VLLM_CPU_OMP_THREADS_BIND"] == "1"
+    assert EngineConfig(cpus="1", device="cpu").environment()["VLLM_CPU_OMP_THREADS_BIND"] == "1"
     assert cfg.cache_dir == tmp_path / "engine-model"
+    # the CPU build's own share of host memory where none is given
+    assert "--gpu-memory-utilization 0.1" in " ".join(
+        EngineConfig(device="cpu").command(Path("/m"), 1)
+    )
+
+
+def test_on_gpus_the_engine_runs_as_vllm_does_there() -> None:
+    """Another vLLM build (a training environment's, on GPUs): the model's dtype, CUDA graphs,
+    vLLM's own memory share, the GPUs named, sharded over `tensor_parallel_size`, and nothing
+    of the CPU build's settings; the weight-sync extension and dev mode as on the CPU."""
+    cfg = EngineConfig(device="gpu", tensor_parallel_size=2, devices="2,3", weight_sync=True)
+    cmd = " ".join(cfg.command(Path("/m"), 1))
+    for absent in ("--dtype", "--enforce-eager", "--gpu-memory-utilization"):
+        assert absent not in cmd
+    assert "--tensor-parallel-size 2" in cmd
+    assert "--worker-extension-cls loom.runtime.engine.weight_sync.WeightSync" in cmd
+    env = cfg.environment()
+    assert env["CUDA_VISIBLE_DEVICES"] == "2,3" and env["VLLM_SERVER_DEV_MODE"] == "1"
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in env
+    given = EngineConfig(device="gpu", gpu_memory_utilization=0.8).command(Path("/m"), 1)
+    assert "--gpu-memory-utilization 0.8" in " ".join(given)
+
+
+def test_auto_follows_the_installed_vllm_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    from importlib import metadata
+
+    installed: set[str] = set()
+
+    def distribution(name: str) -> object:
+        if name not in installed:
+            raise metadata.PackageNotFoundError(name)
+        return object()
+
+    monkeypatch.setattr(launcher.metadata, "distribution", distribution)
+    assert launcher.vllm_build() is None
+    assert EngineConfig().resolved_device == "cpu"  # none: starting says what to install
+    installed.add("vllm")
+    assert EngineConfig().resolved_device == "gpu"
+    installed.add("vllm-cpu")
+    assert EngineConfig().resolved_device == "cpu"
+    assert EngineConfig(device="gpu").resolved_device == "gpu"
 
 
 def test_missing_vllm_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -112,7 +158,7 @@ def test_cli_serve_engine_checks_its_flags(monkeypatch: pytest.MonkeyPatch) -> N
     assert "--no-priority" in runner.invoke(app, ["serve", "engine", "--help"]).output
     monkeypatch.setattr(launcher, "engine_available", lambda: False)
     missing = runner.invoke(app, ["serve", "engine"])
-    assert missing.exit_code == 1 and INSTALL_HINT in missing.output
+    assert missing.exit_code == 1 and INSTALL_HINT in " ".join(missing.output.split())
 
 
 @pytest.mark.engine

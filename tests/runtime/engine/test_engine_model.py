@@ -10,8 +10,8 @@ import pytest
 from loom.core.errors import ConfigError
 from loom.runtime.engine import TinyModelSpec, build_tiny_model, model_dir
 
-pytest.importorskip("transformers", reason="needs the engine extra")
-pytest.importorskip("torch", reason="needs the engine extra")
+pytest.importorskip("transformers", reason="needs the cpu-engine extra")
+pytest.importorskip("torch", reason="needs the cpu-engine extra")
 
 
 @pytest.fixture(scope="module")

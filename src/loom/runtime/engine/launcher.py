@@ -1,6 +1,11 @@
-"""vLLM's OpenAI-compatible server as a child process on the CPU: started on a model (the tiny
-one by default), ready once `/health` answers, stopped with its whole process group, which
-also ends when the process that started it dies (however it dies: see `loom.proc.tether`)."""
+"""vLLM's OpenAI-compatible server as a child process: started on a model (the tiny one by
+default), ready once `/health` answers, stopped with its whole process group, which also ends
+when the process that started it dies (however it dies: see `loom.proc.tether`).
+
+It runs whichever vLLM is installed. The `cpu-engine` extra installs vLLM's CPU build
+(`vllm-cpu`) for tests and trials on machines without a GPU; on GPUs, Loom is installed with no
+extras beside the vLLM (and torch) the training environment already has, and the same engine
+runs on its GPUs (`EngineConfig.device`)."""
 
 from __future__ import annotations
 
@@ -17,6 +22,8 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from importlib import metadata
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -24,6 +31,7 @@ from typing import Any, Self
 import httpx
 
 from loom.core.errors import ConfigError, LoomError
+from loom.core.extras import INSTEAD, Extra, install_line
 from loom.proc.tether import Tethered
 from loom.runtime.access import is_loopback
 from loom.runtime.engine.model import DEFAULT_CACHE_DIR, TinyModelSpec, build_tiny_model
@@ -31,6 +39,7 @@ from loom.runtime.engine.model import DEFAULT_CACHE_DIR, TinyModelSpec, build_ti
 __all__ = [
     "INSTALL_HINT",
     "EngineConfig",
+    "EngineDevice",
     "EngineProcess",
     "EngineStartError",
     "EngineUnavailableError",
@@ -38,6 +47,7 @@ __all__ = [
     "free_port",
     "require_engine",
     "stop_all",
+    "vllm_build",
 ]
 
 log = logging.getLogger(__name__)
@@ -45,13 +55,13 @@ log = logging.getLogger(__name__)
 _CORES = r"\d+(-\d+)?(,\d+(-\d+)?)*"
 _CPU_LIST = re.compile(rf"{_CORES}(\|{_CORES})*")  # VLLM_CPU_OMP_THREADS_BIND's core lists
 
-INSTALL_HINT = "pip install 'loom-rl[engine]'"
+INSTALL_HINT = install_line(Extra.CPU_ENGINE)
 _POLL_S = 0.5
 _LOG_TAIL_LINES = 40
 
 
 class EngineUnavailableError(LoomError, ImportError):
-    """vLLM (the `engine` extra) is not installed."""
+    """No vLLM is installed (the `cpu-engine` extra's, or one's own on GPUs)."""
 
 
 class EngineStartError(LoomError, RuntimeError):
@@ -63,9 +73,31 @@ def engine_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
+class EngineDevice(StrEnum):
+    """Where an engine computes."""
+
+    AUTO = "auto"  # as the installed vLLM is built: its CPU build (vllm-cpu) or not
+    CPU = "cpu"  # vLLM's CPU build: float32, eager, threads bound to cores, a share of host RAM
+    GPU = "gpu"  # any other vLLM build: the model's dtype, CUDA graphs, vLLM's memory default
+
+
+def vllm_build() -> EngineDevice | None:
+    """The installed vLLM's build (by its distribution's name, without importing it: that
+    takes seconds), or None where no vLLM is installed."""
+    for dist, device in (("vllm-cpu", EngineDevice.CPU), ("vllm", EngineDevice.GPU)):
+        try:
+            metadata.distribution(dist)
+        except metadata.PackageNotFoundError:
+            continue
+        return device
+    return None
+
+
 def require_engine() -> None:
     if not engine_available():
-        raise EngineUnavailableError(f"vLLM is not installed; {INSTALL_HINT}")
+        raise EngineUnavailableError(
+            f"vLLM is not installed; {INSTALL_HINT}; {INSTEAD[Extra.CPU_ENGINE]}"
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,9 +113,29 @@ class EngineConfig:
         default=True,
         metadata={"help": "schedule by the request's `priority` (--scheduling-policy priority)"},
     )
-    gpu_memory_utilization: float = field(
-        default=0.1,
-        metadata={"help": "share of host memory vLLM's CPU backend reserves for weights and KV"},
+    device: EngineDevice = field(
+        default=EngineDevice.AUTO,
+        metadata={
+            "help": "cpu (vLLM's CPU build), gpu (any other build) or auto: as the installed "
+            "vLLM is built"
+        },
+    )
+    tensor_parallel_size: int = field(
+        default=1,
+        metadata={"help": "GPUs the engine shards the model over (--tensor-parallel-size)"},
+    )
+    devices: str | None = field(
+        default=None,
+        metadata={
+            "help": "the GPUs it may use, e.g. '0,1' (CUDA_VISIBLE_DEVICES; default: as set)"
+        },
+    )
+    gpu_memory_utilization: float | None = field(
+        default=None,
+        metadata={
+            "help": "share of memory vLLM reserves for weights and KV: of host memory on the "
+            "CPU (default 0.1, two shared cores' worth), of each GPU's on GPUs (default: vLLM's)"
+        },
     )
     max_model_len: int | None = field(
         default=None, metadata={"help": "context limit (default: the model's)"}
@@ -139,10 +191,21 @@ class EngineConfig:
             raise ConfigError(f"port must be in [0, 65535], got {self.port}")
         if self.max_running < 1:
             raise ConfigError(f"max_running must be >= 1, got {self.max_running}")
-        if not 0 < self.gpu_memory_utilization <= 1:
+        try:
+            object.__setattr__(self, "device", EngineDevice(self.device))
+        except ValueError:
+            raise ConfigError(
+                f"device must be one of {', '.join(d.value for d in EngineDevice)}, "
+                f"got {self.device!r}"
+            ) from None
+        if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
             raise ConfigError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
             )
+        if self.tensor_parallel_size < 1:
+            raise ConfigError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if self.devices is not None and not re.fullmatch(r"\d+(,\d+)*", self.devices):
+            raise ConfigError(f"devices must be GPU ids such as '0' or '0,1', got {self.devices!r}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ConfigError(f"max_model_len must be >= 1, got {self.max_model_len}")
         if self.startup_timeout_s <= 0:
@@ -166,9 +229,17 @@ class EngineConfig:
             self.state_dir / "engine-model" if self.state_dir is not None else DEFAULT_CACHE_DIR
         ).expanduser()
 
+    @property
+    def resolved_device(self) -> EngineDevice:
+        """The device it runs on: `device`, or with `auto` the installed vLLM's build (the
+        CPU where none is installed: starting then fails, saying what to install)."""
+        if self.device is not EngineDevice.AUTO:
+            return self.device
+        return vllm_build() or EngineDevice.CPU
+
     def command(self, model: Path, port: int) -> list[str]:
-        """The engine's command line (the `vllm` console script fails: its metadata is named
-        vllm-cpu, so the module is run directly)."""
+        """The engine's command line (the `vllm` console script fails under the CPU build:
+        its metadata is named vllm-cpu, so the module is run directly)."""
         cmd = [
             sys.executable,
             "-m",
@@ -181,15 +252,13 @@ class EngineConfig:
             self.host,
             "--port",
             str(port),
-            "--dtype",
-            "float32",
-            "--enforce-eager",
-            "--gpu-memory-utilization",
-            str(self.gpu_memory_utilization),
             "--max-num-seqs",
             str(self.max_running),
             "--disable-uvicorn-access-log",
+            *_DEVICES[self.resolved_device].args(self),
         ]
+        if self.tensor_parallel_size > 1:
+            cmd += ["--tensor-parallel-size", str(self.tensor_parallel_size)]
         if self.max_model_len is not None:
             cmd += ["--max-model-len", str(self.max_model_len)]
         if self.priority:
@@ -201,19 +270,55 @@ class EngineConfig:
         return cmd + list(self.extra_args)
 
     def environment(self) -> dict[str, str]:
-        """The child's environment: dev-mode routes on (`/abort_requests`), nothing fetched."""
+        """The child's environment: dev-mode routes on (`/abort_requests`, `/collective_rpc`),
+        nothing fetched, and what the device needs."""
         return {
             **os.environ,
             "VLLM_SERVER_DEV_MODE": "1",
             # idle connections kept longer than a client's pool keeps them (aiohttp: 15 s)
             "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "75",
-            "VLLM_CPU_OMP_THREADS_BIND": self.cpus,
             "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1",
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
             "TOKENIZERS_PARALLELISM": "false",
+            **_DEVICES[self.resolved_device].environment(self),
         }
+
+
+class _CpuBuild:
+    """vLLM's CPU build: float32 (its kernels' type), eager (no graphs to capture), a tenth of
+    host memory by default, compute threads bound to the cores given."""
+
+    @staticmethod
+    def args(config: EngineConfig) -> list[str]:
+        memory = 0.1 if config.gpu_memory_utilization is None else config.gpu_memory_utilization
+        return ["--dtype", "float32", "--enforce-eager", "--gpu-memory-utilization", str(memory)]
+
+    @staticmethod
+    def environment(config: EngineConfig) -> dict[str, str]:
+        return {"VLLM_CPU_OMP_THREADS_BIND": config.cpus}
+
+
+class _GpuBuild:
+    """Any other vLLM build: the model's own dtype, CUDA graphs, vLLM's memory share unless one
+    is given, on the GPUs `devices` names."""
+
+    @staticmethod
+    def args(config: EngineConfig) -> list[str]:
+        if config.gpu_memory_utilization is None:
+            return []
+        return ["--gpu-memory-utilization", str(config.gpu_memory_utilization)]
+
+    @staticmethod
+    def environment(config: EngineConfig) -> dict[str, str]:
+        return {} if config.devices is None else {"CUDA_VISIBLE_DEVICES": config.devices}
+
+
+_DEVICES: dict[EngineDevice, type[_CpuBuild] | type[_GpuBuild]] = {
+    EngineDevice.CPU: _CpuBuild,
+    EngineDevice.GPU: _GpuBuild,
+}
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -3,18 +3,27 @@ loadable from a TOML or JSON file and overridden by command-line flags."""
 
 from __future__ import annotations
 
-from enum import StrEnum
+from enum import Enum, StrEnum
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from types import UnionType
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from loom.core.errors import ConfigError
-from loom.core.settings import load_settings, override
+from loom.core.settings import describe, load_settings, override
 from loom.rollout.policy import PlacementKind, SchedulerKind
 from loom.runtime.access import Access
 
-__all__ = ["EngineConfig", "EngineKind", "RolloutServerConfig", "load_config", "parse_engine"]
+__all__ = [
+    "EngineConfig",
+    "EngineKind",
+    "RolloutServerConfig",
+    "engine_spec_syntax",
+    "load_config",
+    "parse_engine",
+    "spec_options",
+]
 
 WorkerUrls = Literal["router", "engine"]
 EngineId = Annotated[
@@ -210,32 +219,56 @@ def load_config(path: Path) -> RolloutServerConfig:
     return load_settings(RolloutServerConfig, path, "rollout router")
 
 
+# NOTE: a spec sets every engine setting but its url (the spec's head) and its token (a token
+# on a command line shows in the process list: give it in the config file)
+_NOT_IN_SPEC = ("url", "token")
+
+
+def spec_options() -> tuple[str, ...]:
+    """The options an engine spec takes: `EngineConfig`'s settings."""
+    return tuple(name for name in EngineConfig.model_fields if name not in _NOT_IN_SPEC)
+
+
+def engine_spec_syntax() -> str:
+    """`URL[,tp=N]...`: the spec of one engine, with every option it takes."""
+    return "URL" + "".join(f"[,{_option_syntax(name)}]" for name in spec_options())
+
+
+def _option_syntax(name: str) -> str:
+    kind = _plain(EngineConfig.model_fields[name].annotation)
+    if kind is bool:
+        return f"{name}[=true|false]"
+    if isinstance(kind, type) and issubclass(kind, Enum):
+        return f"{name}={'|'.join(member.value for member in kind)}"
+    return f"{name}=N" if kind is int else f"{name}=NAME"
+
+
+def _plain(annotation: Any) -> Any:
+    """`X` of `X | None`."""
+    args = [a for a in get_args(annotation) if a is not type(None)]
+    return args[0] if isinstance(annotation, UnionType) and len(args) == 1 else annotation
+
+
 def parse_engine(spec: str, defaults: dict[str, Any] | None = None) -> dict[str, Any]:
     """`URL[,tp=N][,max_running=N][,queue=N][,kind=K][,priority=false][,lent][,id=NAME][,node=N]
-    [,version=N]`
-    as the settings of one engine; `defaults` fill what the spec leaves out (None: the
-    model's default)."""
+    [,version=N]` (`engine_spec_syntax()`) as the settings of one engine; `defaults` fill what
+    the spec leaves out (None: the model's default). A true/false option alone means true."""
     url, *opts = (part.strip() for part in spec.split(","))
     out: dict[str, Any] = {k: v for k, v in (defaults or {}).items() if v is not None}
     out["url"] = url
+    options = spec_options()
     for opt in opts:
         name, eq, value = opt.partition("=")
         name = name.strip().replace("-", "_")
-        if name in ("priority", "lent") and not eq:
-            out[name] = True
-        elif (
-            name
-            in ("tp", "max_running", "queue", "node", "kind", "id", "priority", "lent", "version")
-            and eq
-        ):
+        if name in options and eq:
             out[name] = value.strip()
+        elif name in options and _plain(EngineConfig.model_fields[name].annotation) is bool:
+            out[name] = True
         else:
             raise ConfigError(
-                f"engine {spec!r}: unknown option {opt!r} "
-                "(tp=N, max_running=N, queue=N, kind=vllm|sglang, priority[=false], lent, id=NAME, "
-                "node=N, version=N)"
+                f"engine {spec!r}: unknown option {opt!r} (an engine is {engine_spec_syntax()})"
             )
     try:
         return EngineConfig.model_validate(out).model_dump()
     except ValidationError as exc:
-        raise ConfigError(f"invalid engine {spec!r}:\n{exc}") from None
+        raise ConfigError(f"invalid engine {spec!r}: {'; '.join(describe(exc))}") from None

@@ -130,10 +130,13 @@ class EngineActor:
         from loom.runtime.engine import EngineConfig, EngineProcess
 
         template = spec.vllm or EngineConfig()
-        extra = template.extra_args
-        if spec.tp > 1:
-            extra = ("--tensor-parallel-size", str(spec.tp), *extra)
-        cfg = replace(template, host=host, port=0, max_running=spec.max_running, extra_args=extra)
+        cfg = replace(
+            template,
+            host=host,
+            port=0,
+            max_running=spec.max_running,
+            tensor_parallel_size=spec.tp,
+        )
         return EngineProcess.start(cfg)
 
     def stop(self) -> None:

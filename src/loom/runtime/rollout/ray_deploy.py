@@ -39,6 +39,7 @@ from types import ModuleType, TracebackType
 from typing import Any
 
 from loom.core.errors import ConfigError, LoomError
+from loom.core.extras import Extra, install_line
 from loom.runtime.engine.launcher import EngineConfig as VllmConfig
 from loom.runtime.rollout.config import RolloutServerConfig
 from loom.runtime.rollout.ray_actors import EngineActor, EngineLauncher, EngineSpec, RouterActor
@@ -60,7 +61,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-RAY_INSTALL_HINT = "pip install 'loom-rl[ray]'"
+RAY_INSTALL_HINT = install_line(Extra.RAY)
 _WATCH_S = 5.0
 
 

@@ -1,0 +1,173 @@
+"""The routers a benchmark sends its agents to, one kind per class behind one interface
+(`Router`): Loom's router served in a process of its own (as users run it), Loom's router in
+a thread of this process, and the peer sglang-router (`pip install sglang-router`). Each is a
+context manager; inside it the router answers at `url`, and `pid` is the process whose CPU is
+the router's (None: this one's)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Self
+
+import httpx
+
+from loom.bench.process import ServerProcess, ServerStartError, free_port
+
+if TYPE_CHECKING:
+    from loom.runtime.rollout import BackgroundRouter, RolloutServerConfig
+
+__all__ = [
+    "SGLANG_POLICIES",
+    "SGLANG_ROUTER_HINT",
+    "PeerUnavailableError",
+    "Router",
+    "ServedRouter",
+    "SglangRouter",
+    "ThreadRouter",
+    "sglang_router_available",
+]
+
+SGLANG_ROUTER_HINT = "pip install sglang-router"
+SGLANG_POLICIES = ("random", "round_robin", "cache_aware", "power_of_two", "manual")
+
+
+class PeerUnavailableError(RuntimeError):
+    """A peer router that is not installed here, and how to install it."""
+
+
+class Router(ABC):
+    """A router on loopback; `url` and `pid` once entered."""
+
+    url: str = ""
+
+    @property
+    @abstractmethod
+    def pid(self) -> int | None:
+        """The router's own process, or None where it runs in this one."""
+
+    @abstractmethod
+    def start(self) -> Self: ...
+
+    @abstractmethod
+    def stop(self) -> None: ...
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+class ServedRouter(Router):
+    """`loom serve rollout --port P *flags` in a process of its own; `env`: its environment
+    (e.g. PYTHONPATH of another checkout's `src`, to compare with an earlier router)."""
+
+    def __init__(self, flags: Sequence[str], *, env: Mapping[str, str] | None = None) -> None:
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        cmd = [sys.executable, "-m", "loom.cli", "serve", "rollout", "--port", str(port), *flags]
+        self._server = ServerProcess(cmd, self.url, env=env, name="loom serve rollout")
+
+    @property
+    def pid(self) -> int:
+        return self._server.pid
+
+    def start(self) -> Self:
+        self._server.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.stop()
+
+
+class ThreadRouter(Router):
+    """Loom's router in a thread of this process (`BackgroundRouter`)."""
+
+    def __init__(self, config: RolloutServerConfig) -> None:
+        self.config = config
+        self._router: BackgroundRouter | None = None
+
+    @property
+    def pid(self) -> None:
+        return None
+
+    def start(self) -> Self:
+        from loom.runtime.rollout import BackgroundRouter
+
+        self._router = BackgroundRouter(self.config).start()
+        self.url = self._router.url
+        return self
+
+    def stop(self) -> None:
+        if self._router is not None:
+            self._router.stop()
+            self._router = None
+
+
+def sglang_router_available() -> bool:
+    """Whether sglang-router is installed here (without importing it)."""
+    return importlib.util.find_spec("sglang_router") is not None
+
+
+class SglangRouter(Router):
+    """sglang-router over `engines` with one of its policies (`SGLANG_POLICIES`), ready once
+    it has registered every engine. PeerUnavailableError where it is not installed."""
+
+    def __init__(self, engines: Sequence[str], policy: str = "round_robin") -> None:
+        if policy not in SGLANG_POLICIES:
+            raise ValueError(f"unknown sglang-router policy {policy!r}; one of {SGLANG_POLICIES}")
+        self.engines = list(engines)
+        self.policy = policy
+        self._server: ServerProcess | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self._server is not None, "sglang-router is not started"
+        return self._server.pid
+
+    def start(self) -> Self:
+        if not sglang_router_available():
+            raise PeerUnavailableError(f"sglang-router is not installed: {SGLANG_ROUTER_HINT}")
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        cmd = [
+            sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *self.engines,
+            "--port", str(port), "--host", "127.0.0.1", "--policy", self.policy,
+            "--prometheus-port", str(free_port()),  # its default (29000) may be taken
+        ]  # fmt: skip
+        self._server = ServerProcess(cmd, self.url, name="sglang-router").start()
+        try:
+            self._wait_workers()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_workers(self, timeout_s: float = 60.0) -> None:
+        """sglang-router answers /health before it has registered its workers (a background
+        workflow); requests before then get 503 no_available_workers."""
+        n = len(self.engines)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            workers = httpx.get(self.url + "/workers", timeout=5).json().get("workers", [])
+            if len(workers) == n and all(w.get("is_healthy") for w in workers):
+                return
+            time.sleep(0.1)
+        raise ServerStartError(
+            f"sglang-router at {self.url} had not registered {n} workers in {timeout_s:.0f} s"
+        )
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None

@@ -1,0 +1,128 @@
+"""`loom serve engine --emulate MODEL@GPU[:tpN]`: the simulator's worker on a scaled wall
+clock, in vLLM's dialect; no model, no GPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from loom.cli.layer import Flag, Layering, Note
+from loom.cli.options import console
+
+if TYPE_CHECKING:
+    from loom.runtime.emulate.config import EmulatedEngineConfig, EmulationSpec
+
+__all__ = [
+    "NOTES",
+    "SETTINGS",
+    "EmulateOption",
+    "SchedulingPolicyOption",
+    "StreamIntervalOption",
+    "TimeScaleOption",
+    "serve_emulated",
+]
+
+EmulateOption = Annotated[
+    str | None,
+    typer.Option(
+        "--emulate",
+        help="MODEL@GPU[:tpN] (e.g. qwen3-14b@h100:tp2): instead of vLLM, an engine that "
+        "behaves like that GPU (the simulator's worker on a scaled wall clock), in vLLM's "
+        "dialect; no model, no GPU",
+    ),
+]
+TimeScaleOption = Annotated[
+    float | None,
+    typer.Option(
+        "--time-scale",
+        help="with --emulate: wall seconds per GPU second (0.1: ten times faster)",
+    ),
+]
+SchedulingPolicyOption = Annotated[
+    str | None,
+    typer.Option("--scheduling-policy", help="with --emulate: the order it runs requests in"),
+]
+StreamIntervalOption = Annotated[
+    float | None,
+    typer.Option(
+        "--stream-interval-ms",
+        help="with --emulate: wall milliseconds between a stream's chunks",
+    ),
+]
+
+
+def _model() -> type[EmulatedEngineConfig]:
+    from loom.runtime.emulate.config import EmulatedEngineConfig
+
+    return EmulatedEngineConfig
+
+
+def _spec(text: str) -> EmulationSpec:
+    from loom.runtime.emulate.config import EmulationSpec
+
+    return EmulationSpec.parse(text)
+
+
+def _spec_note() -> str:
+    """What MODEL and GPU may be."""
+    from loom.perf.specs import list_gpus, list_models
+
+    gpus = ", ".join(map(str, list_gpus()))
+    return f"MODEL one of: {', '.join(list_models())}; GPU one of: {gpus}"
+
+
+def _policies() -> list[str]:
+    from loom.rollout.engine_queue import EngineSchedulingPolicy
+
+    return [p.value for p in EngineSchedulingPolicy]
+
+
+SETTINGS = Layering(
+    "emulated engine",
+    _model,
+    {
+        "spec": Flag("emulate", convert=_spec, shown=None),
+        "time_scale": Flag(),
+        "scheduling_policy": Flag(choices=_policies),
+        "max_running": Flag(shown=None),
+        "stream_interval_s": Flag(
+            "stream_interval_ms", convert=lambda ms: ms / 1000, shown=lambda s: f"{s * 1000:g}"
+        ),
+    },
+)
+NOTES: dict[str, Note] = {**SETTINGS.notes(), "emulate": _spec_note}
+
+
+def serve_emulated(
+    ctx: typer.Context,
+    host: str,
+    port: int,
+    *,
+    token: str | None,
+    config: Path | None,
+    allow_open: bool,
+) -> None:
+    """Serve the emulated engine of `--emulate` until SIGTERM or ^C."""
+    from loom.runtime.access import is_loopback
+    from loom.runtime.emulate.server import serve
+
+    if token is not None or config is not None:
+        raise typer.BadParameter("--token and --config are not supported with --emulate")
+    if not is_loopback(host) and not allow_open:
+        raise typer.BadParameter(
+            f"an emulated engine has no token: it binds loopback only (got --host {host}); "
+            "--allow-open to bind beyond it anyway"
+        )
+    cfg = SETTINGS.build(ctx)
+
+    def announce(url: str) -> None:
+        console.log(
+            f"[bold]loom engine[/bold] on [link]{url}[/link] — emulated {cfg.spec}, time scale "
+            f"{cfg.time_scale:g}, max running {cfg.max_running}, {cfg.scheduling_policy} "
+            "scheduling"
+        )
+        console.print(url, highlight=False)
+
+    serve(cfg, host, port, announce)

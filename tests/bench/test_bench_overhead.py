@@ -1,0 +1,37 @@
+"""What a router adds to a request, measured against the engine direct; the targets' ratios."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from loom.bench.fleet import StandinEngines
+from loom.bench.overhead import measure, ratios
+from loom.bench.routers import ThreadRouter
+
+
+def test_overhead_against_the_engine_direct(standins: StandinEngines, router: ThreadRouter) -> None:
+    got = measure(standins.urls[0], router.url, os.getpid(), 20, 2, 2, "ids")
+    assert got["requests"] == 20
+    assert got["added_p50_ms"] == pytest.approx(got["routed_p50_ms"] - got["direct_p50_ms"])
+    assert got["added_p99_ms"] == pytest.approx(got["routed_p99_ms"] - got["direct_p99_ms"])
+    assert got["router_cpu_ms_per_request"] > 0 and got["requests_per_s"] > 0
+
+
+def test_ratios_need_both_routers_at_one_and_eight() -> None:
+    rows = [
+        {"router": r, "concurrency": c, "added_p50_ms": a, "router_cpu_ms_per_request": cpu,
+         "requests_per_s": rps}
+        for r, c, a, cpu, rps in [
+            ("loom", 1, 0.5, 0.4, 900.0), ("loom", 8, 0.9, 0.3, 2000.0),
+            ("sglang-router", 1, 0.2, 0.2, 1000.0), ("sglang-router", 8, 0.3, 0.1, 2500.0),
+        ]
+    ]  # fmt: skip
+    assert ratios(rows) == {
+        "loom_added_p50_ms": 0.5,
+        "sglang_router_added_p50_ms": 0.2,
+        "cpu_per_request_over_sglang_router": pytest.approx(2.0),
+        "requests_per_s_over_sglang_router": pytest.approx(0.8),
+    }
+    assert ratios(rows[:2]) is None

@@ -1,0 +1,106 @@
+"""The routers a benchmark starts: Loom's served in a process of its own and in a thread,
+sglang-router where installed, and the server process under them; each answers, and after its
+block nothing it started is left running."""
+
+from __future__ import annotations
+
+import sys
+
+import httpx
+import pytest
+from bench_rig import below_me, left_running
+
+from loom.bench.fleet import StandinEngines
+from loom.bench.measure import cpu_s
+from loom.bench.process import ServerProcess, ServerStartError, free_port
+from loom.bench.routers import (
+    SGLANG_ROUTER_HINT,
+    PeerUnavailableError,
+    ServedRouter,
+    SglangRouter,
+    ThreadRouter,
+    sglang_router_available,
+)
+from loom.bench.settings import RouterSetup, router_config
+
+
+def _generate(url: str) -> httpx.Response:
+    body = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 3, "ignore_eos": True}}
+    return httpx.post(url + "/generate", json=body, timeout=30)
+
+
+def test_a_served_router_routes_and_leaves_nothing_running(standins: StandinEngines) -> None:
+    before = below_me()
+    flags = ["--placement", "least_load", "--scheduler", "fcfs"]
+    for url in standins.urls:
+        flags += ["--engine", f"{url},max_running=8"]
+    with ServedRouter(flags) as router:
+        assert router.pid is not None and cpu_s(router.pid) > 0
+        got = _generate(router.url)
+        assert got.status_code == 200, got.text
+        assert len(got.json()["output_ids"]) == 3
+    assert left_running(before) == {}
+    with pytest.raises(httpx.TransportError):
+        httpx.get(router.url + "/health", timeout=2)
+
+
+def test_a_router_in_a_thread(standins: StandinEngines) -> None:
+    config = router_config(RouterSetup(max_running=8), "heddle", "pps", standins.urls)
+    with ThreadRouter(config) as router:
+        assert router.pid is None
+        assert _generate(router.url).status_code == 200
+    with pytest.raises(httpx.TransportError):
+        httpx.get(router.url + "/health", timeout=2)
+
+
+def test_a_server_that_does_not_come_up_says_what_it_printed() -> None:
+    before = below_me()
+    code = "import sys; print('no such flag --bogus', flush=True); sys.exit(3)"
+    url = f"http://127.0.0.1:{free_port()}"
+    with (
+        pytest.raises(ServerStartError, match=r"(?s)bogus server: .*exited.*no such flag --bogus"),
+        ServerProcess([sys.executable, "-c", code], url, name="bogus server"),
+    ):
+        pass
+    assert left_running(before) == {}
+
+
+def test_a_server_that_ignores_sigterm_is_killed_with_its_children() -> None:
+    """A server that starts a child and ignores SIGTERM: stopping it still leaves nothing."""
+    before = below_me()
+    port = free_port()
+    code = (
+        "import signal, subprocess, sys, http.server\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        f"http.server.HTTPServer(('127.0.0.1', {port}), http.server.SimpleHTTPRequestHandler)"
+        ".serve_forever()\n"
+    )
+    server = ServerProcess(
+        [sys.executable, "-c", code], f"http://127.0.0.1:{port}", ready="/", grace_s=0.5
+    )
+    with server:
+        assert len(below_me() - before) >= 3  # the server, its child and its tether
+    assert left_running(before) == {}
+
+
+@pytest.mark.skipif(
+    not sglang_router_available(), reason=f"needs the peer sglang-router: {SGLANG_ROUTER_HINT}"
+)
+def test_sglang_router_routes_and_leaves_nothing_running(standins: StandinEngines) -> None:
+    before = below_me()
+    with SglangRouter(standins.urls, "round_robin") as router:
+        assert router.pid is not None
+        assert _generate(router.url).status_code == 200
+    assert left_running(before) == {}
+
+
+@pytest.mark.skipif(sglang_router_available(), reason="sglang-router is installed here")
+def test_without_sglang_router_the_peer_says_how_to_install_it() -> None:
+    with pytest.raises(PeerUnavailableError, match="pip install sglang-router"):
+        SglangRouter(["http://127.0.0.1:1"]).start()
+
+
+def test_an_unknown_sglang_policy_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown sglang-router policy 'fastest'"):
+        SglangRouter(["http://127.0.0.1:1"], "fastest")
