@@ -46,6 +46,11 @@ def test_the_command_is_the_argv_as_run_quoted_for_a_shell() -> None:
         "python benchmarks/bench_rollout_runtime.py --systems 'heddle,verl*' --peers ''"
     )
     assert command_line().startswith("python ")  # this process's own
+    # Loom's console script, or `python -m loom.cli`, reads as the command a user types
+    loom = ["/venv/bin/loom", "reproduce", "heddle", "--quick"]
+    assert command_line(loom) == "loom reproduce heddle --quick"
+    module = ["/src/loom/cli/__main__.py", "reproduce", "rose"]
+    assert command_line(module) == "loom reproduce rose"
 
 
 def test_the_commit_is_git_head_or_none(tmp_path: Path) -> None:

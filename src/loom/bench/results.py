@@ -26,6 +26,7 @@ __all__ = [
     "command_line",
     "git_commit",
     "host",
+    "provenance",
     "read_results",
     "results",
     "write_results",
@@ -42,9 +43,23 @@ class ResultsError(ValueError):
 
 
 def command_line(argv: Sequence[str] | None = None) -> str:
-    """The command as run: `python` and the script's arguments as given (`sys.argv`), quoted
-    for a shell."""
-    return shlex.join(["python", *(sys.argv if argv is None else argv)])
+    """The command as run, quoted for a shell: `loom …` for Loom's console script (or `python
+    -m loom.cli`), else `python` and the script's arguments as given (`sys.argv`)."""
+    args = list(sys.argv if argv is None else argv)
+    head = Path(args[0]).name if args else ""
+    if head == "loom" or Path(args[0] if args else "").parent.name == "cli":
+        return shlex.join(["loom", *args[1:]])
+    return shlex.join(["python", *args])
+
+
+def provenance() -> dict[str, Any]:
+    """What a stored result says of its making: the command line, the UTC date and time, and
+    the git commit of Loom's checkout (None outside one)."""
+    return {
+        "command": command_line(),
+        "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "commit": git_commit(),
+    }
 
 
 def git_commit(where: str | os.PathLike[str] | None = None) -> str | None:

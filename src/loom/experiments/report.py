@@ -112,45 +112,14 @@ def write_csvs(records: Sequence[Record], out_dir: Path) -> list[Path]:
 def records_doc(system: str, seed: int, quick: bool, records: Sequence[Record]) -> dict[str, Any]:
     """The JSON document of a reproduction (DESIGN.md, "Experiments are the contract"), with
     the command that wrote it, when, and at which commit (what the docs cite beside a figure)."""
+    from loom.bench.results import provenance
+
     return {
         "system": system,
         "seed": seed,
         "quick": quick,
         **provenance(),
         "records": list(records),
-    }
-
-
-def provenance() -> dict[str, Any]:
-    """What a stored result says of its making: the command line as run (`loom …` for the
-    console script, `python path …` for a script), the UTC date and time, and the git commit
-    of the checkout it ran from (None outside one)."""
-    import datetime
-    import shlex
-    import subprocess
-    import sys
-
-    argv = list(sys.argv)
-    head = Path(argv[0]).name if argv else "python"
-    if head == "loom" or head.endswith("__main__.py"):
-        command = ["loom", *argv[1:]]
-    else:
-        command = ["python", *argv]
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=Path(__file__).parent,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        commit = None
-    return {
-        "command": shlex.join(command),
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "commit": commit or None,
     }
 
 
