@@ -17,7 +17,7 @@ from verl.workers.rollout.llm_server import LLMServerClient
 from verl.workers.rollout.replica import TokenOutput
 from verl.workers.rollout.router import RequestLoadBalancer, get_router_handle
 
-from loom.integrations.verl import NO_SERVERS, LoomLoadBalancer
+from loom.integrations.verl import NO_SERVERS, LoomLoadBalancer, register_with_verl
 
 
 @ray.remote(num_cpus=0)
@@ -76,7 +76,10 @@ def wait_zero(lb: object, timeout_s: float = 30.0) -> int:
 def main() -> None:
     work = Path(sys.argv[1])
     ray.init(num_cpus=2, object_store_memory=100_000_000, include_dashboard=False)
-    report: dict[str, object] = {"mismatches": protocol_mismatches()}
+    report: dict[str, object] = {
+        "mismatches": protocol_mismatches(),
+        "registry": register_with_verl(),  # 0.9.1 has none: the YAML names the class
+    }
     servers = {f"10.0.0.{i}:8000": FakeServer.remote(f"s{i}") for i in range(2)}
     yaml = work / "loom_router.yaml"
     yaml.write_text(

@@ -8,6 +8,8 @@ precision; the node group and the engine switch between the jobs; nothing is lef
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,7 @@ pytestmark = [
 ]
 
 STEPS = 2
+ROOT = Path(__file__).resolve().parents[2]
 SANDBOX = "none" if bubblewrap_missing() else "bwrap"  # (the action server's, where it can)
 
 
@@ -81,3 +84,46 @@ def test_two_jobs_through_the_three_levels(tmp_path: Path) -> None:
     for name in ("records.jsonl", "summary.json", "reward.png", "phases.png"):
         assert (out / name).stat().st_size > 0
     assert set(result.summary["jobs"]) == {"a", "b"}
+
+
+def test_the_readme_example_as_printed_on_two_steps(tmp_path: Path) -> None:
+    """The README's first example, `loom run grpo examples/grpo.toml`, as a user runs it (the
+    console script, its own config file) on a short setting: two steps. What it prints and
+    writes has the README's shape, and its figures are in their ranges."""
+    import json
+    import shutil
+
+    out, doc_path = tmp_path / "grpo", tmp_path / "run.json"
+    loom = shutil.which("loom") or str(Path(sys.executable).with_name("loom"))
+    cmd = [loom, "run", "grpo", "examples/grpo.toml", "--steps", "2", "--out", str(out)]
+    before = {p.pid for p in descendants(os.getpid())}
+    proc = subprocess.run(
+        [*cmd, "--json", str(doc_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=1200,
+        env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    left = [p for p in descendants(os.getpid()) if p.pid not in before]
+    assert not left, f"left running: {[p.command for p in left]}"
+    printed = " ".join(proc.stdout.split())
+    for column in ("reward: first", "last 5", "rollout", "switch", "run wall"):
+        assert column in printed, printed[-2000:]
+    for name in ("records.jsonl", "summary.json", "reward.png", "phases.png"):
+        assert (out / name).stat().st_size > 0
+    doc = json.loads(doc_path.read_text())
+    assert doc["command"].startswith("loom run grpo examples/grpo.toml --steps 2")
+    steps = [r for r in doc["records"] if r["record"] == "step"]
+    jobs = {r["job"]: r for r in doc["records"] if r["record"] == "job"}
+    assert sorted((r["job"], r["step"]) for r in steps) == [("a", 0), ("a", 1), ("b", 0), ("b", 1)]
+    assert set(jobs) == {"a", "b"} and all(j["task"] == "lookup" for j in jobs.values())
+    for r in steps:
+        assert 0.0 <= r["reward_mean"] <= 1.0 and r["samples"] == 160
+        assert r["logprob_diff_max"] < 1e-4 and r["stale_responses"] == 0
+        assert 0 < r["sync_bytes"] < r["sync_dense_bytes"]  # a sparse delta, not a dense copy
+        assert r["rollout_s"] > 0 and all(r[f"{p}_s"] >= 0 for p in ("wait", "train", "sync"))
+    # both jobs ran at once on one node group and one engine, switching between them
+    assert any(r["load_kind"] == "switch" for r in steps)
+    a = [(r["start_s"], r["end_s"]) for r in steps if r["job"] == "a"]
+    b = [(r["start_s"], r["end_s"]) for r in steps if r["job"] == "b"]
+    assert any(s1 < e2 and s2 < e1 for s1, e1 in a for s2, e2 in b)  # concurrent (the config)
+    assert jobs["a"]["wall_s"] >= max(e for _, e in a + b) > 0

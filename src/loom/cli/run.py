@@ -31,6 +31,12 @@ def run_grpo(
     compare: Annotated[
         bool, typer.Option("--compare", help="run Loom's way, then the baseline; both reported")
     ] = False,
+    json_path: Annotated[
+        Path | None,
+        typer.Option(
+            "--json", help="write every step's record and each run's summary here, as one document"
+        ),
+    ] = None,
 ) -> None:
     """GRPO on a task with a verifiable reward, through the cluster service (training), the
     rollout router into vLLM engines whose weights follow training, and the action server's
@@ -43,7 +49,7 @@ def run_grpo(
 
     grpo_main(
         config, steps=steps, out=out, seed=seed, baseline=baseline, compare=compare,
-        console=console,
+        console=console, json_path=json_path,
     )  # fmt: skip
 
 

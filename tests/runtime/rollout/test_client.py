@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from conftest import Rig
 
+from conftest import Rig
 from loom.client import RolloutClient
 from loom.client.rollout import RolloutError
 

@@ -1,9 +1,10 @@
 """Conformance over real vLLM CPU engines: the exact requests of slime's rollout
 (`slime/rollout/sglang_rollout.py`: `input_ids`, its nine sampling fields, `return_logprob`,
 tokens read from `meta_info.output_token_logprobs`), slime's end-of-step abort loop
-(`GET /workers`, `POST {url}/abort_request {"abort_all"}`, `GET {url}/v1/loads?include=core`),
-and the official `openai` client (logprobs, n, streaming, chat), answered in the shapes they
-parse, with logprobs equal to vLLM's own for the same request."""
+(`slime_replay.abort_until_idle`: `GET /workers`, then `POST {url}/abort_request
+{"abort_all"}` and `GET {url}/v1/loads?include=core` per url), and the official `openai`
+client (logprobs, n, streaming, chat), answered in the shapes they parse, with logprobs equal
+to vLLM's own for the same request."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+import slime_replay as slime
 
 from loom.runtime.engine import INSTALL_HINT, EnginePool, EngineProcess, engine_available
 from loom.runtime.rollout import BackgroundRouter, EngineConfig, RolloutServerConfig
@@ -140,21 +142,17 @@ def test_slimes_abort_loop_through_the_router(heavy_engine_pool: EnginePool) -> 
                 break
             assert time.monotonic() < deadline, stats
             time.sleep(0.05)
-        urls = [w["url"] for w in http.get("/workers").json()["workers"]]
-        aborted = []
-        for _ in range(100):  # slime's abort_servers_until_idle
-            for url in urls:
-                out = httpx.post(url + "/abort_request", json={"abort_all": True}, timeout=30)
-                aborted.append(out.json()["aborted"])
-            loads = [
-                httpx.get(url + "/v1/loads", params={"include": "core"}).json() for url in urls
-            ]
-            if sum(x["num_total_reqs"] for load in loads for x in load["loads"]) <= 0:
-                break
-            time.sleep(0.1)
+        # NOTE: slime launches SGLang engines, which answer its abort and its loads at their
+        # own urls; vLLM's answer neither, so those loops give up (as slime's do, after its
+        # post's retries: one here) and the router's own entry reaches every turn
+        own, *rest = slime.abort_until_idle(router.url, interval_s=0.1, retries=1)
         outs = [f.result(120).json() for f in futures]
+        aborted = [a["aborted"] for a in own.aborts]
+        assert own.gave_up is None and own.loads[-1] == 0
         assert aborted[0] == 6, f"turns had ended before the abort: {aborted}, {outs}"
         assert sum(aborted) == 6
+        assert [loop.url for loop in rest] == [e.url for e in engines]
+        assert all(loop.gave_up for loop in rest)
     for out in outs:
         meta = out["meta_info"]
         assert meta["finish_reason"]["type"] == "abort"  # a 200 with what it generated

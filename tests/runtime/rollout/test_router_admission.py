@@ -14,9 +14,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from conftest import Rig
 from fake_engine import FakeEngine
 
+from conftest import Rig
 from loom.rollout.moves import slot_wait_s
 from loom.runtime.rollout import EngineConfig, RolloutServerConfig
 from loom.runtime.rollout.admission import Capacity, engine_priority
@@ -214,10 +214,11 @@ def test_a_waiting_turn_goes_to_whichever_engine_frees_first(rig) -> None:
         r.http.post(f"/v1/trajectories/{key}/end")
 
 
-def test_slimes_abort_loop_ends_turns_running_and_waiting_in_the_router(rig) -> None:
-    """slime's abort loop over an admitting router: four turns run (each engine says it runs
-    two at once), two wait in the router. Every turn ends abort with what it generated, the
-    waiting ones never reach an engine (ending the running ones frees slots: the waiting
+def test_the_routers_abort_all_ends_turns_running_and_waiting_in_the_router(rig) -> None:
+    """`abort_all` at the router (its own `GET /workers` entry, which slime's abort loop
+    aborts with the engines) over an admitting router: four turns run (each engine says it
+    runs two at once), two wait in the router. Every turn ends abort with what it generated,
+    the waiting ones never reach an engine (ending the running ones frees slots: the waiting
     turns must not be started there only to be aborted), and nothing runs on the engines
     afterwards."""
     r: Rig = rig(2, step_ms=10, max_running=None, engine_running=2, placement="least_load")
@@ -231,19 +232,16 @@ def test_slimes_abort_loop_ends_turns_running_and_waiting_in_the_router(rig) -> 
                 and all(e["tokens"] > 0 for e in s["engines"].values())
             ),
         )
-        urls = [w["url"] for w in r.http.get("/workers").json()["workers"]]
+        router = r.http.get("/workers").json()["workers"][0]["url"]
         aborted = []
-        for _ in range(20):  # slime's abort_servers_until_idle
-            for url in urls:
-                aborted.append(
-                    r.http.post(url + "/abort_request", json={"abort_all": True}).json()["aborted"]
-                )
-            loads = [
-                r.http.get(url + "/v1/loads", params={"include": "core"}).json() for url in urls
-            ]
-            if sum(x["num_total_reqs"] for load in loads for x in load["loads"]) == 0:
+        for _ in range(20):  # slime's abort_servers_until_idle, for the router's own url
+            aborted.append(
+                r.http.post(router + "/abort_request", json={"abort_all": True}).json()["aborted"]
+            )
+            load = r.http.get(router + "/v1/loads", params={"include": "core"}).json()
+            if sum(x["num_total_reqs"] for x in load["loads"]) == 0:
                 break
-        outs = [f.result(60).json() for f in futures]
+    outs = [f.result(60).json() for f in futures]
     assert aborted[0] == 6 and sum(aborted) == 6
     assert all(o["meta_info"]["finish_reason"]["type"] == "abort" for o in outs)
     assert all(len(o["output_ids"]) < 3000 for o in outs)

@@ -8,9 +8,10 @@ import json
 
 import httpx
 import pytest
-from conftest import Rig
 
+from conftest import Rig
 from loom.runtime.rollout import BackgroundRouter, EngineConfig, RolloutServerConfig
+from loom.runtime.rollout.app import ROUTER_WORKER
 
 
 def test_generate_returns_the_engine_shape(rig) -> None:
@@ -331,16 +332,23 @@ def test_gateway_shaped_worker_registry(rig) -> None:
     )
     assert pd.status_code == 400 and "prefill" in pd.json()["error"]["message"]
     workers = r.http.get("/workers").json()
-    assert workers["total"] == 2 and workers["stats"]["regular_count"] == 2
-    assert {w["engine_url"] for w in workers["workers"]} == {r.engines[0].url, extra.url}
-    assert {w["url"] for w in workers["workers"]} == {r.router.url}  # aborts come here
-    assert r.http.get("/workers/e1").json()["engine_url"] == extra.url
+    assert workers["total"] == 3 and workers["stats"]["regular_count"] == 3
+    # each engine at its own url (a launcher finds itself there), the router first: a
+    # client that aborts every url and reads its loads reaches the turns waiting here too
+    assert [w["url"] for w in workers["workers"]] == [r.router.url, r.engines[0].url, extra.url]
+    assert [w["id"] for w in workers["workers"]] == [ROUTER_WORKER, "e0", "e1"]
+    assert r.http.get("/workers/e1").json()["url"] == extra.url
+    assert r.http.get(f"/workers/{ROUTER_WORKER}").json()["runtime_type"] == "router"
+    for verb in ("put", "delete"):
+        wrong = r.http.request(verb, f"/workers/{ROUTER_WORKER}", json={})
+        assert wrong.status_code == 400 and "not an engine" in wrong.json()["error"]["message"]
     loads = r.http.get("/v1/loads").json()["loads"]
     assert {x["worker"] for x in loads} == {r.engines[0].url, extra.url, "router"}
     assert r.http.delete("/workers/e1").status_code == 202
     assert r.http.get("/workers/e1").status_code == 404  # it was idle: gone
     assert r.http.post("/add_worker", params={"url": extra.url}).status_code == 200
-    assert r.http.get("/list_workers").json()["urls"] == [r.engines[0].url, extra.url]
+    urls = [r.router.url, r.engines[0].url, extra.url]
+    assert r.http.get("/list_workers").json()["urls"] == urls
     assert r.http.post("/remove_worker", params={"url": r.engines[0].url}).status_code == 200
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from conftest import Rig
-
 from loom.rollout.policy import PlacementKind
 
 

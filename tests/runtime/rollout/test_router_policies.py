@@ -15,8 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import Rig
 
+from conftest import Rig
 from loom.rollout.policy import PlacementKind, SchedulerKind
 from loom.runtime.rollout import BackgroundRouter, EngineConfig, RolloutServerConfig
 from loom.runtime.rollout.standin import next_token

@@ -13,7 +13,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from conftest import Rig, Standin, start_standin
-
 from loom.runtime.rollout.standin import next_token
 
 

@@ -4,6 +4,7 @@ the summary (with `--compare`, Loom's run and the baseline's side by side)."""
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -11,11 +12,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from loom.bench.results import results as results_doc
+from loom.bench.results import write_results
 from loom.rl.grpo.config import GRPOConfig, load_config
 from loom.rl.grpo.records import PHASES, StepRecord
 from loom.rl.grpo.run import BASELINE, RunResult, run_grpo
 
-__all__ = ["configure", "main"]
+__all__ = ["configure", "main", "run_document"]
 
 
 def configure(
@@ -101,6 +104,7 @@ def main(
     baseline: bool = False,
     compare: bool = False,
     console: Console | None = None,
+    json_path: Path | None = None,
 ) -> list[RunResult]:
     console = console or Console()
     config = configure(path, steps=steps, out=out, seed=seed, baseline=baseline)
@@ -116,4 +120,27 @@ def main(
     for (_, cfg), res in zip(runs, results, strict=True):
         console.print(f"records, summary and plots under {cfg.out}: " + ", ".join(
             p.name for p in res.files))  # fmt: skip
+    if json_path is not None:
+        write_results(json_path, run_document(results, seed=config.seed))
+        console.print(f"JSON at {json_path}")
     return results
+
+
+def run_document(results: list[RunResult], *, seed: int) -> dict[str, Any]:
+    """The runs as one stored result (`loom.bench.results`): a `step` record per job and step
+    and a `job` record per job and run (its summary), each naming its run."""
+    records: list[dict[str, Any]] = []
+    for res in results:
+        label = res.summary["label"]
+        for r in res.records:
+            step = {k: v for k, v in asdict(r).items() if k not in ("phase_s", "ratio")}
+            phases = {f"{p}_s": r.phase_s.get(p, 0.0) for p in PHASES}
+            records.append({"record": "step", "run": label, **step, "step_s": r.step_s, **phases})
+        for job, j in res.summary["jobs"].items():
+            flat = {k: v for k, v in j.items() if k != "phase_s"}
+            phases = {f"{p}_s": v for p, v in j["phase_s"].items()}
+            records.append(
+                {"record": "job", "run": label, "job": job, **flat, **phases,
+                 "wall_s": res.summary["wall_s"]}
+            )  # fmt: skip
+    return results_doc("grpo", records, seed=seed)

@@ -10,8 +10,10 @@ ends one, `GET /v1/trajectories/{id}` reads one. Engines: `GET/POST /v1/engines`
 weight version; a lent engine's room and serving slack), `PUT /v1/weights` (the current
 weight version), and the same registry shaped like SGLang's model gateway (`GET/POST
 /workers`, `GET/PUT/DELETE /workers/{id}`, `GET /v1/loads`, and the older `/add_worker`,
-`/remove_worker`, `/list_workers`) so that launchers and slime's abort loop work unchanged.
-Observability: `GET /v1/stats`, `GET /metrics`, `GET /health`.
+`/remove_worker`, `/list_workers`) so that launchers and slime's abort loop work unchanged:
+each engine under its own url, and first the router itself (`ROUTER_WORKER`), so that a
+client that aborts every listed url and polls its `/v1/loads` also reaches the turns that
+wait here. Observability: `GET /v1/stats`, `GET /metrics`, `GET /health`.
 """
 
 from __future__ import annotations
@@ -44,9 +46,11 @@ from loom.runtime.rollout.protocol import (
 from loom.runtime.rollout.state import EngineState, Turn
 from loom.runtime.rollout.turn import TurnState
 
-__all__ = ["DRIVER", "create_app"]
+__all__ = ["DRIVER", "ROUTER_WORKER", "create_app"]
 
 DRIVER = web.AppKey("driver", RolloutDriver)
+# the id of the router's own `GET /workers` entry (an engine id cannot start with "_")
+ROUTER_WORKER = "_router"
 _dumps = orjson.dumps
 
 
@@ -524,19 +528,15 @@ async def remove_engine(request: web.Request) -> web.Response:
 # ---- SGLang's model gateway ----------------------------------------------------------------
 
 
-def _worker_url(request: web.Request, driver: RolloutDriver, e: EngineState) -> str:
-    """The url `GET /workers` gives an engine: this router's own (`advertise = router`: the
-    SGLang-shaped calls slime sends there, abort and loads, reach every turn held here) or
-    the engine's."""
-    if driver.config.advertise == "engine":
-        return e.config.url
+def _router_url(request: web.Request) -> str:
+    """This router's url as the client reached it."""
     return f"{request.scheme}://{request.host}"
 
 
-def _worker_info(request: web.Request, driver: RolloutDriver, e: EngineState) -> dict[str, Any]:
+def _worker_info(driver: RolloutDriver, e: EngineState) -> dict[str, Any]:
     return {
         "id": e.id,
-        "url": _worker_url(request, driver, e),
+        "url": e.config.url,
         "engine_url": e.config.url,
         "model_id": e.model,
         "worker_type": "regular",
@@ -550,9 +550,42 @@ def _worker_info(request: web.Request, driver: RolloutDriver, e: EngineState) ->
     }
 
 
+def _router_info(request: web.Request, driver: RolloutDriver) -> dict[str, Any]:
+    """The router's own entry: it answers SGLang's `/generate`, `/abort_request` and
+    `/v1/loads` for every turn, those waiting here included (its load)."""
+    return {
+        "id": ROUTER_WORKER,
+        "url": _router_url(request),
+        "engine_url": None,
+        "model_id": driver.model,
+        "worker_type": "regular",
+        "connection_mode": "Http",
+        "runtime_type": "router",
+        "is_healthy": bool(driver.live()),
+        "load": driver.held() + sum(len(e.waiting) for e in driver.engines.values()),
+        "labels": {},
+        "draining": False,
+        "version": driver.version,
+    }
+
+
+def _worker(request: web.Request) -> EngineState | None:
+    """The engine `/workers/{id}` names (an id or the url it registered with); None: the
+    router's own entry."""
+    key = request.match_info["id"]
+    if key == ROUTER_WORKER:
+        return None
+    return request.app[DRIVER].registry.get(key)
+
+
+def _not_an_engine(what: str) -> BadRequest:
+    return BadRequest(f"{ROUTER_WORKER} is this router, not an engine: it cannot be {what}")
+
+
 async def list_workers(request: web.Request) -> web.Response:
     driver = request.app[DRIVER]
-    workers = [_worker_info(request, driver, e) for e in driver.engines.values()]
+    workers = [_router_info(request, driver)]
+    workers += [_worker_info(driver, e) for e in driver.engines.values()]
     return _json(
         {
             "workers": workers,
@@ -585,30 +618,39 @@ async def add_worker(request: web.Request) -> web.Response:
         cfg = EngineConfig(url=body.url)
     except ValidationError as exc:
         raise BadRequest(f"invalid worker url: {exc}") from None
-    e = driver.registry.by_url(cfg.url)
-    if e is None:
-        e = await _add(driver, cfg)
+    e = await _register(driver, cfg)
     e.labels.update(body.labels)
     return _json(
         {
             "status": "accepted",
             "worker_id": e.id,
             "message": "worker registered",
-            **_worker_info(request, driver, e),
+            **_worker_info(driver, e),
         },
         202,
     )
 
 
+async def _register(driver: RolloutDriver, cfg: EngineConfig) -> EngineState:
+    """An engine at a new url is probed and added; one at a known url is taken as it is
+    (again: a launcher that restarted a deregistered engine there gets it back)."""
+    e = driver.registry.by_url(cfg.url)
+    if e is None:
+        return await _add(driver, cfg)
+    driver.take_back(e)
+    return e
+
+
 async def get_worker(request: web.Request) -> web.Response:
     driver = request.app[DRIVER]
-    e = driver.registry.get(request.match_info["id"])
-    return _json(_worker_info(request, driver, e))
+    e = _worker(request)
+    return _json(_router_info(request, driver) if e is None else _worker_info(driver, e))
 
 
 async def update_worker(request: web.Request) -> web.Response:
-    driver = request.app[DRIVER]
-    e = driver.registry.get(request.match_info["id"])
+    e = _worker(request)
+    if e is None:
+        raise _not_an_engine("updated")
     try:
         body = _WorkerUpdate.model_validate(await _read(request))
     except ValidationError as exc:
@@ -621,10 +663,15 @@ async def update_worker(request: web.Request) -> web.Response:
 
 
 async def delete_worker(request: web.Request) -> web.Response:
+    """The gateway's deregistration (slime's engine shutdown: `DELETE /workers/{id}`, then
+    it stops the engine): the engine drains, is let go even if it is the last, and is
+    removed once its turns have finished there or, if it goes first, resumed elsewhere."""
     driver = request.app[DRIVER]
-    e = driver.registry.get(request.match_info["id"])
+    e = _worker(request)
+    if e is None:
+        raise _not_an_engine("removed")
     force = request.query.get("force", "false").lower() in ("1", "true", "yes")
-    driver.remove_engine(e.id, force=force)
+    driver.remove_engine(e.id, force=force, leaving=True)
     return _json(
         {
             "status": "accepted",
@@ -643,9 +690,7 @@ async def add_worker_query(request: web.Request) -> web.Response:
         cfg = EngineConfig(url=url)
     except ValidationError as exc:
         raise BadRequest(f"invalid engine: {exc}") from None
-    driver = request.app[DRIVER]
-    if driver.registry.by_url(cfg.url) is None:
-        await _add(driver, cfg)
+    await _register(request.app[DRIVER], cfg)
     return web.Response(text=f"Successfully added worker: {cfg.url}")
 
 
@@ -657,13 +702,15 @@ async def remove_worker_query(request: web.Request) -> web.Response:
     e = driver.registry.by_url(url)
     if e is None:
         raise NotFound(f"no worker at {url}")
-    driver.remove_engine(e.id)
+    driver.remove_engine(e.id, leaving=True)
     return web.Response(text=f"Successfully removed worker: {e.config.url}")
 
 
 async def list_worker_urls(request: web.Request) -> web.Response:
+    """sglang-router 0.2's list (older slime aborts each url): the router's, then the
+    engines'."""
     driver = request.app[DRIVER]
-    return _json({"urls": [e.config.url for e in driver.engines.values()]})
+    return _json({"urls": [_router_url(request), *(e.config.url for e in driver.engines.values())]})
 
 
 async def loads(request: web.Request) -> web.Response:

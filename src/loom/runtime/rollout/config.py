@@ -6,7 +6,7 @@ from __future__ import annotations
 from enum import Enum, StrEnum
 from pathlib import Path
 from types import UnionType
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -25,7 +25,6 @@ __all__ = [
     "spec_options",
 ]
 
-WorkerUrls = Literal["router", "engine"]
 EngineId = Annotated[
     str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 ]
@@ -137,13 +136,6 @@ class RolloutServerConfig(_Settings, Access):
         description="the tokenizer that turns text prompts and chats into token ids in the "
         "router (a path or a Hugging Face name); None: where the first engine loaded its "
         "model; 'engine': ask an engine's /tokenize instead",
-    )
-    advertise: WorkerUrls = Field(
-        default="router",
-        description="the url GET /workers gives each engine: 'router' (this router, which "
-        "answers SGLang's /abort_request and /v1/loads for every turn it holds: slime's "
-        "end-of-step abort loop then reaches turns still waiting here) or 'engine' (the "
-        "engine's own url, as sglang-router)",
     )
     first_token_timeout_s: float = Field(
         default=600.0, gt=0, description="a turn with no first token this long has stalled"

@@ -255,6 +255,8 @@ class RolloutDriver:
             "preemptions_declined": 0,  # outranked, but not worth a prefill again (or capped)
             "migrations_declined": 0,  # placed elsewhere, but not worth a prefill again
             "priority_refused": 0,  # engines that refused the `priority` field
+            "removed": 0,  # engines drained and forgotten (a deregistration, DELETE)
+            "moved": 0,  # turns resumed elsewhere because their draining engine left
         }
         # tokens an engine had computed that a turn's attempt prefills again, by why it went
         # where it went (as the router predicts them: an engine's prefix cache may keep some)
@@ -370,13 +372,17 @@ class RolloutDriver:
                 ", ".join(candidates) or "none given",
             )
 
-    def remove_engine(self, eid: str, *, force: bool = False) -> EngineState:
+    def remove_engine(self, eid: str, *, force: bool = False, leaving: bool = False) -> EngineState:
         """Drain an engine: it takes no new turns, its waiting turns go elsewhere at once, its
         running ones finish there (`force`: they are aborted and resumed elsewhere now); it is
-        forgotten once empty."""
+        forgotten once empty. An engine that goes away while draining is no failure: its
+        turns resume elsewhere with what they generated (`engine_down`). `leaving`: its
+        launcher deregisters it and stops it next, whatever the answer (SGLang's gateway
+        routes), so even the last live engine is let go; a turn it has not finished when it
+        goes then ends 503, as any turn no live engine can take."""
         e = self.registry.get(eid)
         others = [o for o in self.live() if o is not e]
-        if not others and e.load:
+        if not others and e.load and not leaving:
             raise Conflict(
                 f"engine {e.id} is the last live engine and holds {e.load} turns; "
                 "add another engine before draining it"
@@ -386,9 +392,20 @@ class RolloutDriver:
         if force:
             for turn in list(e.running.values()):
                 self._requeue(turn, e, failed=False)
-        self.registry.forget_if_drained(e)
+        self._forget_if_drained(e)
         self._workers_changed()
         return e
+
+    def take_back(self, e: EngineState) -> None:
+        """`e` registered again while draining (its launcher restarted it at the same url):
+        it takes turns again."""
+        if self.registry.undrain(e):
+            self._workers_changed()
+
+    def _forget_if_drained(self, e: EngineState) -> None:
+        if self.registry.forget_if_drained(e):
+            self.counts["removed"] += 1
+            log.info("engine %s is drained and removed", e.id)
 
     def _workers_changed(self) -> None:
         current = self.current()
@@ -399,14 +416,42 @@ class RolloutDriver:
 
     def engine_down(self, e: EngineState, reason: str) -> None:
         """`e` failed (its health checks, a refused connection, a broken stream): its turns
-        go elsewhere, those running resume with what they generated."""
+        go elsewhere, those running resume with what they generated. A draining engine that
+        goes has not failed: it was asked to leave (its launcher stops it right after
+        deregistering it), so its turns move and it is removed."""
+        if e.draining:
+            self._left(e, reason)
+            return
         if not self.registry.mark_down(e, reason):
             return
         self._move_waiting(e)
         for turn in list(e.running.values()):
             self._requeue(turn, e, failed=True)
-        self.registry.forget_if_drained(e)
+        self._forget_if_drained(e)
         self._workers_changed()
+
+    def _left(self, e: EngineState, reason: str) -> None:
+        """A draining engine went away: its running turns resume elsewhere, none counted as
+        a failover, and it is forgotten."""
+        if self.engines.get(e.id) is not e:
+            return
+        running = list(e.running.values())
+        if running:
+            log.info(
+                "draining engine %s left (%s): %d turns resume elsewhere",
+                e.id,
+                reason,
+                len(running),
+            )
+        for turn in running:
+            self._move_off(turn, e)
+        self._forget_if_drained(e)
+        self._workers_changed()
+
+    def _move_off(self, turn: Turn, e: EngineState) -> None:
+        self._requeue(turn, e, failed=False, left=True)
+        if not turn.ended:  # it waits for or runs on another engine (none left: a 503)
+            self.counts["moved"] += 1
 
     def _suspect(self, e: EngineState, reason: str) -> None:
         """A call to `e` failed: check its health now rather than at the next round, and take
@@ -918,6 +963,15 @@ class RolloutDriver:
         if turn.attempt != attempt or turn.state is not TurnState.RUNNING:
             return
         turn.error = reason
+        if e.draining:  # it is going away (deregistered): the turn moves, nothing failed
+            self._move_off(turn, e)
+            if down:
+                self._left(e, reason)
+                return
+            self._forget_if_drained(e)
+            if probe and self.engines.get(e.id) is e:
+                self._suspect(e, reason)  # its other turns move at once if it is gone
+            return
         if down:
             self.engine_down(e, reason)  # moves this turn (and all others) elsewhere
         elif probe:
@@ -941,14 +995,18 @@ class RolloutDriver:
         with contextlib.suppress(Exception):
             await e.client.abort(rid)
 
-    def _requeue(self, turn: Turn, e: EngineState, *, failed: bool, here: bool = False) -> None:
+    def _requeue(
+        self, turn: Turn, e: EngineState, *, failed: bool, here: bool = False, left: bool = False
+    ) -> None:
         """Stop `turn`'s attempt at `e` and queue it again: at `e` (`here`, a preemption) or
-        wherever the router sends it, avoiding `e`."""
+        wherever the router sends it, avoiding `e`. `failed` or `left`: `e` is gone, and
+        with it the trajectory's home there."""
         self._interrupt(turn, e)
-        if failed:  # its engine failed, stalled or was taken out: counted once, here
-            turn.bound = "failover"
+        if failed or left:
             turn.traj.prefix.pop(e.idx, None)
             self.router.release(turn.traj.traj_id)
+        if failed:  # its engine failed, stalled or was taken out: counted once, here
+            turn.bound = "failover"
             self.counts["failovers"] += 1
             self.metrics.failovers.inc()
             e.failed_turns += 1
@@ -1026,7 +1084,7 @@ class RolloutDriver:
             self.timing["decode_s"] += now - turn.first_token_s
         if e is not None:
             self._pump(e)
-            self.registry.forget_if_drained(e)
+            self._forget_if_drained(e)
         if not t.active and (t.one_turn or t.ended):
             self._finish(t)
         elif n and error is None and not t.one_turn:

@@ -128,11 +128,14 @@ class EngineRegistry:
             url = url.replace(":/", "://", 1)
         return next((e for e in self.engines.values() if e.config.url == url), None)
 
-    def forget_if_drained(self, e: EngineState) -> None:
+    def forget_if_drained(self, e: EngineState) -> bool:
+        """Forget `e` if it is draining and empty; whether it was forgotten now."""
         if e.draining and not e.running and not e.waiting and self.engines.get(e.id) is e:
             del self.engines[e.id]
             self.metrics.engine_removed(e.id)
             self._changed()
+            return True
+        return False
 
     # ---- views ---------------------------------------------------------------------------
 
@@ -186,6 +189,15 @@ class EngineRegistry:
         """`e` takes no new turns."""
         e.draining = True
         self._changed()
+
+    def undrain(self, e: EngineState) -> bool:
+        """`e` takes turns again; whether it was draining."""
+        if not e.draining:
+            return False
+        log.info("engine %s is taken back", e.id)
+        e.draining = False
+        self._changed()
+        return True
 
     def set_weights(self, version: int, engines: Sequence[str] = ()) -> list[EngineState]:
         """Weights of `version` are current; `engines` serve them already. Returns the

@@ -1,12 +1,12 @@
 """A small stand-in for an SGLang engine: SGLang's native routes (`/generate` with
-`input_ids`, `rid`, streaming; `/abort_request`; `/get_model_info`; `/get_server_info`;
-`/v1/loads` and `/get_load`; `/health`; `/tokenize`) over a deterministic "model" with
-continuous batching on a fixed step time: at most `--max-running` requests at once and, with
-`--kv-tokens N`, only as many as N tokens of context hold; the rest wait in its own queue,
-first come first served or, with `--priority`, by the request's `priority` (higher first, as
-SGLang; `--low-priority-first` as vLLM). Its load report is taken after each step's
-admissions, as vLLM's and SGLang's are: a request waits there only when the engine is full.
-`standin_latency` is its latency model, for the router's cost model.
+`input_ids`, `rid`, streaming; `/abort_request` by `rid` or `abort_all`; `/get_model_info`;
+`/get_server_info`; `/v1/loads` and `/get_load`; `/health`; `/tokenize`) over a deterministic
+"model" with continuous batching on a fixed step time: at most `--max-running` requests at
+once and, with `--kv-tokens N`, only as many as N tokens of context hold; the rest wait in
+its own queue, first come first served or, with `--priority`, by the request's `priority`
+(higher first, as SGLang; `--low-priority-first` as vLLM). Its load report is taken after
+each step's admissions, as vLLM's and SGLang's are: a request waits there only when the
+engine is full. `standin_latency` is its latency model, for the router's cost model.
 
 It exists because vLLM, the engine Loom tests against, has no SGLang dialect; it serves the
 tests of that dialect and of what a real engine makes slow to provoke (a hang, a crash
@@ -422,13 +422,20 @@ class StandinEngine:
         return web.json_response({"fault": self.fault})
 
     async def abort(self, request: web.Request) -> web.Response:
-        rid = (await request.json()).get("rid")
-        r = self.running.get(rid) or next((w for w in self.waiting if w.rid == rid), None)
-        if r is not None and r.finish is None:
-            self.aborted.append(r.rid)
-            r.finish = {"type": "abort", "message": "aborted"}
-            self._emit(r, [])
-            self._end(r)
+        """SGLang's abort: one request by `rid`, or every one with `abort_all`."""
+        body = await request.json()
+        if body.get("abort_all"):
+            found = [*self.running.values(), *self.waiting]
+        else:
+            rid = body.get("rid")
+            r = self.running.get(rid) or next((w for w in self.waiting if w.rid == rid), None)
+            found = [] if r is None else [r]
+        for r in found:
+            if r.finish is None:
+                self.aborted.append(r.rid)
+                r.finish = {"type": "abort", "message": "aborted"}
+                self._emit(r, [])
+                self._end(r)
         return web.Response(text="")
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
