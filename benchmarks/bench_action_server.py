@@ -12,7 +12,12 @@ reports what the sandbox adds to an action's start: grant to exit of a command t
 nothing, median and p99 (target: under 20 ms median).
 
 Run: python benchmarks/bench_action_server.py [--n 32] [--seconds 1.0] [--busy] [--cores 0-7]
-       [--sandbox bwrap|none] [--start-latency]
+       [--sandbox bwrap|none] [--start-latency] [--json PATH]
+
+`--json PATH` writes one results document (`loom.bench.results`): a record `"overhead"` (the
+split of an action's completion time and the overhead's share of execution, server and client)
+and `"paper"` per Table 1 row; with `--start-latency` a record `"start"` per sandbox and
+`"added"` (what bubblewrap adds).
 """
 
 from __future__ import annotations
@@ -29,6 +34,9 @@ from typing import Any
 
 import httpx
 
+from loom.bench.script import add_json_option, write_json
+
+Record = dict[str, Any]
 PAPER = {"Coding (1280)": (0.975, 0.024), "Coding (1536)": (1.206, 0.036)}  # exec, overhead
 
 
@@ -115,7 +123,7 @@ class _Server:
         self.proc.wait(30)
 
 
-def _start_latency(args: argparse.Namespace) -> None:
+def _start_latency(args: argparse.Namespace) -> list[Record]:
     n = args.n or 200
     starts: dict[str, list[float]] = {}
     for sandbox in ("none", "bwrap"):
@@ -130,27 +138,30 @@ def _start_latency(args: argparse.Namespace) -> None:
         assert not bad, f"actions did not succeed under --sandbox {sandbox}: {bad}"
         starts[sandbox] = [v["overhead_s"] + v["exec_s"] for v in views]
     print(f"{n} actions running `true`, one at a time: grant to exit")
+    records: list[Record] = []
     for sandbox, values in starts.items():
         med, p99 = statistics.median(values) * 1e3, _pct(values, 99) * 1e3
         print(f"  --sandbox {sandbox:<5}  median {med:6.2f} ms   p99 {p99:6.2f} ms")
+        records.append(
+            {"record": "start", "sandbox": sandbox, "actions": n, "median_ms": med, "p99_ms": p99}
+        )
     added = [statistics.median(starts["bwrap"]) - statistics.median(starts["none"])]
     added.append(_pct(starts["bwrap"], 99) - _pct(starts["none"], 99))
     print(f"  added by bubblewrap: median {added[0] * 1e3:.2f} ms, p99 {added[1] * 1e3:.2f} ms")
+    records.append(
+        {
+            "record": "added",
+            "sandbox": "bwrap",
+            "actions": n,
+            "median_ms": added[0] * 1e3,
+            "p99_ms": added[1] * 1e3,
+            "target_median_ms": 20.0,
+        }
+    )
+    return records
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--n", type=int, default=None, help="actions (default: 8 per core)")
-    ap.add_argument("--seconds", type=float, default=1.0, help="duration of each action")
-    ap.add_argument("--busy", action="store_true", help="a busy loop instead of sleep")
-    ap.add_argument("--cores", default=None, help='cores to serve, e.g. "0-3"')
-    ap.add_argument("--sandbox", default="bwrap", choices=["bwrap", "none"])
-    ap.add_argument("--start-latency", action="store_true", help="what the sandbox adds to a start")
-    args = ap.parse_args()
-    if args.start_latency:
-        _start_latency(args)
-        return
-
+def _overhead(args: argparse.Namespace) -> list[Record]:
     with (
         tempfile.TemporaryDirectory(prefix="bench-actions-") as work,
         _Server(work, args.cores, args.sandbox) as server,
@@ -176,18 +187,50 @@ def main() -> None:
         f"--sandbox {args.sandbox}, {wall:.1f} s wall "
         f"({n * args.seconds / wall:.2f} cores busy on average)"
     )
+    record: Record = {"record": "overhead", "actions": n, "action_s": args.seconds}
+    record |= {"action": kind, "cores": cores, "sandbox": args.sandbox, "wall_s": wall}
+    record |= {"cores_busy": n * args.seconds / wall, "exec_median_s": statistics.median(exec_s)}
     print(f"  exec      median {statistics.median(exec_s):.4f} s")
     for name, ms in (("queue", queue), ("overhead", overhead)):
         med, p95 = statistics.median(ms) * 1e3, _pct(ms, 95) * 1e3
         print(f"  {name:<9} median {med:7.2f} ms   p95 {p95:7.2f} ms")
+        record |= {f"{name}_median_ms": med, f"{name}_p95_ms": p95}
     for name, ratio in (("server", server_ratio), ("client", client_ratio)):
         note = "  (with the HTTP submit and long-poll)" if name == "client" else ""
         print(
             f"  (ACT - exec) / exec, {name}: median {statistics.median(ratio):.2%}  "
             f"p95 {_pct(ratio, 95):.2%}{note}"
         )
+        record[f"{name}_overhead_share_median"] = statistics.median(ratio)
+        record[f"{name}_overhead_share_p95"] = _pct(ratio, 95)
+    records = [record]
     for name, (ex, ov) in PAPER.items():
         print(f"  paper Table 1 {name}: overhead / exec = {ov / ex:.1%}")
+        records.append(
+            {
+                "record": "paper",
+                "workload": name,
+                "exec_s": ex,
+                "overhead_s": ov,
+                "overhead_share": ov / ex,
+            }
+        )
+    return records
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, default=None, help="actions (default: 8 per core)")
+    ap.add_argument("--seconds", type=float, default=1.0, help="duration of each action")
+    ap.add_argument("--busy", action="store_true", help="a busy loop instead of sleep")
+    ap.add_argument("--cores", default=None, help='cores to serve, e.g. "0-3"')
+    ap.add_argument("--sandbox", default="bwrap", choices=["bwrap", "none"])
+    ap.add_argument("--start-latency", action="store_true", help="what the sandbox adds to a start")
+    add_json_option(ap)
+    args = ap.parse_args()
+    records = _start_latency(args) if args.start_latency else _overhead(args)
+    if out := write_json(args.json, "bench_action_server", records, seed=0):
+        print(f"wrote {len(records)} records to {out}")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,12 @@
 reports medians over repeats.
 
 Durations follow Amdahl's law with a per-unit overhead, t(k) = t1 (p / k + 1 - p) + c k, so they
-are not monotone in k. Run: ``python benchmarks/bench_arrange.py [--repeats N] [--seed S]``
+are not monotone in k. Run: ``python benchmarks/bench_arrange.py [--repeats N] [--seed S]
+[--json PATH]``
+
+`--json PATH` writes one results document (`loom.bench.results`): a record `"case"` per case
+(its median milliseconds, the arrangement's total and units used, and for the unit pool whether
+it meets the 1 ms target).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from loom.actions.tangram.arrange import (
     dp_arrange_chunks,
     free_blocks,
 )
+from loom.bench.script import add_json_option, write_json
 
 T = TypeVar("T")
 
@@ -54,6 +60,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=101)
     parser.add_argument("--seed", type=int, default=0)
+    add_json_option(parser)
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
 
@@ -74,10 +81,23 @@ def main() -> None:
     for col in ("case", "tasks", "capacity", "median", "total", "units used"):
         table.add_column(col, justify="left" if col in ("case", "capacity") else "right")
     medians: dict[str, float] = {}
+    records = []
     for name, capacity, fn in cases:
         median, result = timed(fn, args.repeats)
         medians[name] = median
         n = len(powers) if name.startswith("unit") else len(gpu_tasks)
+        records.append(
+            {
+                "record": "case",
+                "case": name,
+                "tasks": n,
+                "capacity": capacity,
+                "repeats": args.repeats,
+                "median_ms": median * 1e3,
+                "total": result.total if result else None,
+                "units_used": sum(result.units) if result else None,
+            }
+        )
         table.add_row(
             name,
             str(n),
@@ -91,6 +111,10 @@ def main() -> None:
     for name in ("unit pool, DoP {1,2,4,...,32}", "unit pool, DoP 1..32"):
         verdict = "meets" if medians[name] <= TARGET_S else "misses"
         console.print(f"{name}: median {medians[name] * 1e3:.3f} ms {verdict} the 1 ms target")
+        record = next(r for r in records if r["case"] == name)
+        record |= {"target_ms": TARGET_S * 1e3, "meets_target": medians[name] <= TARGET_S}
+    if out := write_json(args.json, "bench_arrange", records, seed=args.seed):
+        console.print(f"wrote {len(records)} records to {out}")
 
 
 if __name__ == "__main__":

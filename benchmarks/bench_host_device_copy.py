@@ -5,22 +5,26 @@ pinned host memory; the colocated baselines offload through pageable memory).
 
 Per size and direction (host-to-device, device-to-host) and host memory kind (pinned,
 pageable): the median GB/s of `repeats` copies after one warm-up, timed with CUDA events. On a
-machine without CUDA it says so and exits 0.
+machine without CUDA it says so and exits 0, writing nothing.
+
+`--json PATH` writes one results document (`loom.bench.results`): a record `"copy"` per size,
+host memory kind and direction.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
+
+from loom.bench.script import add_json_option, write_json
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--sizes-mb", default="256,1024,4096")
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--json", default=None)
+    add_json_option(ap)
     args = ap.parse_args()
     import torch
 
@@ -56,19 +60,21 @@ def main() -> None:
                 gbs = n / statistics.median(times) / 1e9
                 rows.append(
                     {
+                        "record": "copy",
                         "device": name,
-                        "size_mb": mb,
+                        "size_mib": mb,
                         "host": kind,
                         "direction": direction,
+                        "repeats": args.repeats,
                         "gb_s": gbs,
+                        "gb_s_runs": [n / t / 1e9 for t in times],
                     }
                 )
                 print(f"{name}: {mb:>5} MB {kind:>8} {direction}: {gbs:6.1f} GB/s")
             del host
         del gpu
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    if out := write_json(args.json, "bench_host_device_copy", rows, seed=0):
+        print(f"wrote {len(rows)} records to {out}")
 
 
 if __name__ == "__main__":

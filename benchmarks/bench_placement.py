@@ -1,7 +1,11 @@
 """Times Heddle placement (exact presorted DP, the Formula 3 reference) and the annealing
 resource manager on lognormal trajectory lengths; reports medians over repeats.
 
-Run: ``python benchmarks/bench_placement.py [--repeats N] [--seed S]``
+Run: ``python benchmarks/bench_placement.py [--repeats N] [--seed S] [--json PATH]``
+
+`--json PATH` writes one results document (`loom.bench.results`): a record `"case"` per timed
+solver (its median milliseconds and makespan; the reference's extrapolation to 6,400 lengths;
+the annealed degrees) and `"baseline"` per fixed degree (its makespan).
 """
 
 from __future__ import annotations
@@ -10,12 +14,13 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from loom.bench.script import add_json_option, write_json
 from loom.rollout.heddle.placement import WorkerCost, presorted_dp, presorted_dp_reference
 from loom.rollout.heddle.resource_manager import anneal_allocation, homogeneous_allocation
 
@@ -46,10 +51,25 @@ def timed(fn: Callable[[], T], repeats: int) -> tuple[float, T]:
     return statistics.median(times), result
 
 
+def _case(
+    case: str, n: int, median_s: float, makespan: float | None, **more: Any
+) -> dict[str, Any]:
+    """A timed solver's record: its median in milliseconds and the makespan it found."""
+    return {
+        "record": "case",
+        "case": case,
+        "n": n,
+        **more,
+        "median_ms": median_s * 1e3,
+        "makespan": makespan,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--seed", type=int, default=0)
+    add_json_option(parser)
     args = parser.parse_args()
     lengths = np.random.default_rng(args.seed).lognormal(8.0, 1.0, N_FAST)
     small = lengths[:N_REF]
@@ -114,6 +134,34 @@ def main() -> None:
         f"annealed degrees: {alloc.degrees} "
         f"({alloc.iterations} steps, {alloc.evaluations} placements)"
     )
+    reps, few = {"repeats": args.repeats}, {"repeats": max(1, args.repeats // 3)}
+    records = [
+        _case("presorted_dp", N_FAST, t_fast, fast.makespan, workers=WORKERS, **reps),
+        _case("presorted_dp", N_REF, t_small, small_fast.makespan, workers=WORKERS, **reps),
+        _case("presorted_dp_reference", N_REF, t_ref, ref.makespan, workers=WORKERS, **few),
+        _case(
+            "presorted_dp_reference_extrapolated",
+            N_FAST,
+            t_ref * (N_FAST / N_REF) ** 2,
+            None,
+            workers=WORKERS,
+        ),
+        _case(
+            "anneal_allocation",
+            N_FAST,
+            t_anneal,
+            alloc.makespan,
+            gpus=GPUS,
+            **reps,
+            degrees=list(alloc.degrees),
+            steps=alloc.iterations,
+            placements=alloc.evaluations,
+        ),
+    ]
+    fixed = {"record": "baseline", "n": N_FAST, "gpus": GPUS}
+    records += [{**fixed, "case": f"fix_{d}", "degree": d, "makespan": fix[d]} for d in fix]
+    if out := write_json(args.json, "bench_placement", records, seed=args.seed):
+        console.print(f"wrote {len(records)} records to {out}")
 
 
 if __name__ == "__main__":

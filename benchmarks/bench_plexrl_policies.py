@@ -1,13 +1,16 @@
-"""Decision latency of PlexRL's policies (issue targets, medians): placing a job over 256
-nodes with a 28,800-slot horizon and 500 resident jobs ≤ 50 ms; one range-min query ≤ 20 µs;
-HRRS over 64 queued operations ≤ 1 ms.
+"""Decision latency of PlexRL's policies (targets, medians): placing a job over 256 nodes with
+a 28,800-slot horizon and 500 resident jobs ≤ 50 ms; one range-min query ≤ 20 µs; HRRS over
+64 queued operations ≤ 1 ms.
 
-    python benchmarks/bench_plexrl_policies.py [--repeats 50]
+    python benchmarks/bench_plexrl_policies.py [--repeats 50] [--residents 500] [--json PATH]
 
 The cluster: 256 one-node groups; 500 jobs of Table 2's shapes (their training operations as
-segments of a 285–590 s cycle, jittered ±10%) offered to the placement itself, which commits
-those that fit (about 480); then each timed placement tries one more job and gives its node
-back.
+segments of a 285–590 s cycle, jittered ±10%; `--residents`) offered to the placement itself,
+which commits those that fit (about 480); then each timed placement tries one more job and
+gives its node back.
+
+`--json PATH` writes one results document (`loom.bench.results`): a record `"range_min"`,
+`"hrrs"` and `"placement"` each, with its p50, p99 and target.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from typing import Any
 
+from loom.bench.script import add_json_option, write_json
 from loom.cluster.plexrl import (
     OP_POLICIES,
     Footprint,
@@ -53,10 +58,11 @@ def _median_ms(samples: list[float]) -> tuple[float, float]:
     return statistics.median(samples), samples[int(0.99 * (len(samples) - 1))]
 
 
-def bench_placement(repeats: int) -> None:
+def bench_placement(repeats: int, residents: int) -> dict[str, Any]:
     t0 = time.perf_counter()
-    pl, placed = _cluster(500)
-    print(f"cluster: {placed} of 500 jobs placed in {time.perf_counter() - t0:.1f} s")
+    pl, placed = _cluster(residents)
+    cluster_s = time.perf_counter() - t0
+    print(f"cluster: {placed} of {residents} jobs placed in {cluster_s:.1f} s")
     rng = stream(2, "bench-plexrl-new")
     times, pruned, fits = [], [], 0
     for k in range(repeats):
@@ -74,10 +80,24 @@ def bench_placement(repeats: int) -> None:
         f"p99 {p99:.1f} ms (target p50 <= 50 ms); placed {fits}/{repeats}"
         + (f", pruned {statistics.mean(pruned):.0%} of the shifts" if pruned else "")
     )
+    return {
+        "record": "placement",
+        "nodes": 256,
+        "slots": 28_800,
+        "offered": residents,
+        "residents": placed,
+        "cluster_s": cluster_s,
+        "repeats": repeats,
+        "p50_ms": p50,
+        "p99_ms": p99,
+        "target_p50_ms": 50.0,
+        "placed": fits,
+        "pruned_share": statistics.mean(pruned) if pruned else None,
+    }
 
 
-def bench_range_min(repeats: int) -> None:
-    pl, _ = _cluster(500)
+def bench_range_min(repeats: int, residents: int) -> dict[str, Any]:
+    pl, _ = _cluster(residents)
     tl = pl.timeline
     rng = stream(3, "bench-plexrl-rmq")
     spans = [(int(rng.integers(0, 28_800)), int(rng.integers(1, 3_600))) for _ in range(repeats)]
@@ -88,9 +108,17 @@ def bench_range_min(repeats: int) -> None:
         times.append((time.perf_counter_ns() - t) / 1e3)
     p50, p99 = _median_ms(times)
     print(f"range-min query: p50 {p50:.1f} µs, p99 {p99:.1f} µs (target p50 <= 20 µs)")
+    return {
+        "record": "range_min",
+        "offered": residents,
+        "repeats": repeats,
+        "p50_us": p50,
+        "p99_us": p99,
+        "target_p50_us": 20.0,
+    }
 
 
-def bench_hrrs(repeats: int) -> None:
+def bench_hrrs(repeats: int) -> dict[str, Any]:
     rng = stream(4, "bench-plexrl-hrrs")
     policy = OP_POLICIES.get("hrrs")()
     times = []
@@ -117,6 +145,14 @@ def bench_hrrs(repeats: int) -> None:
         f"HRRS plan over 64 queued operations: p50 {p50:.2f} ms, p99 {p99:.2f} ms "
         "(target p50 <= 1 ms)"
     )
+    return {
+        "record": "hrrs",
+        "queued_ops": 64,
+        "repeats": repeats,
+        "p50_ms": p50,
+        "p99_ms": p99,
+        "target_p50_ms": 1.0,
+    }
 
 
 def _next(seq: dict[str, int], job: str) -> int:
@@ -128,10 +164,17 @@ def _next(seq: dict[str, int], job: str) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--repeats", type=int, default=50)
+    ap.add_argument("--residents", type=int, default=500, help="jobs offered to the cluster")
+    add_json_option(ap)
     args = ap.parse_args()
-    bench_range_min(max(1000, args.repeats * 20))
-    bench_hrrs(max(100, args.repeats * 4))
-    bench_placement(args.repeats)
+    records = [
+        bench_range_min(max(1000, args.repeats * 20), args.residents),
+        bench_hrrs(max(100, args.repeats * 4)),
+        bench_placement(args.repeats, args.residents),
+    ]
+    # the draws' seeds are fixed (1 to 4, one stream each)
+    if out := write_json(args.json, "bench_plexrl_policies", records, seed=1):
+        print(f"wrote {len(records)} records to {out}")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,11 @@
-"""Decision latency of ROSE's policies (issue targets, medians): routing a turn over 80 workers
-with 16k trajectories known ≤ 0.1 ms; one admission tick (Eq. 1 or 2 over the serving queue,
-then the decision) ≤ 20 µs; an emergency cut over 256 running rollout requests ≤ 1 ms.
+"""Decision latency of ROSE's policies (targets, medians): routing a turn over 80 workers with
+16k trajectories known ≤ 0.1 ms; one admission tick (Eq. 1 or 2 over the serving queue, then
+the decision) ≤ 20 µs; an emergency cut over 256 running rollout requests ≤ 1 ms.
 
-    python benchmarks/bench_rose_policies.py [--repeats 2000]
+    python benchmarks/bench_rose_policies.py [--repeats 2000] [--json PATH]
+
+`--json PATH` writes one results document (`loom.bench.results`): a record `"decision"` per
+policy step, with its median, p99 and target in microseconds.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
+from loom.bench.script import add_json_option, write_json
 from loom.core.rng import stream
 from loom.rollout.rose import (
     AdmissionKind,
@@ -119,17 +123,40 @@ def bench_cut(repeats: int) -> tuple[float, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=2000)
+    add_json_option(ap)
     args = ap.parse_args()
+    cut_repeats = min(args.repeats, 500)
     rows = [
-        ("route a turn: 80 workers, 16k trajectories", bench_routing(args.repeats), 100.0),
-        ("admission tick (Eq. 1 or 2 + decision)", bench_admission(args.repeats), 20.0),
-        ("emergency cut over 256 requests", bench_cut(min(args.repeats, 500)), 1000.0),
+        ("route", "route a turn: 80 workers, 16k trajectories", bench_routing(args.repeats), 100.0),
+        (
+            "admission",
+            "admission tick (Eq. 1 or 2 + decision)",
+            bench_admission(args.repeats),
+            20.0,
+        ),
+        ("cut", "emergency cut over 256 requests", bench_cut(cut_repeats), 1000.0),
     ]
-    for name, (med, p99), target in rows:
+    records = []
+    for step, name, (med, p99), target in rows:
         verdict = "met" if med <= target else "NOT met"
         print(
             f"{name:45s} median {med:8.1f} us  p99 {p99:8.1f} us  target {target:g} us: {verdict}"
         )
+        records.append(
+            {
+                "record": "decision",
+                "step": step,
+                "name": name,
+                "repeats": cut_repeats if step == "cut" else args.repeats,
+                "median_us": med,
+                "p99_us": p99,
+                "target_us": target,
+                "met": med <= target,
+            }
+        )
+    # the draws' seed is fixed (1, one stream per step)
+    if out := write_json(args.json, "bench_rose_policies", records, seed=1):
+        print(f"wrote {len(records)} records to {out}")
 
 
 if __name__ == "__main__":

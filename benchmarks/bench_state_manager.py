@@ -15,27 +15,45 @@ copies in flight) next to each call's time as a rank sees it. The first `--warmu
 CUDA streams); `--streams 0` copies each tensor whole, one at a time. Unset, the defaults hold.
 
 On a machine with CUDA the device tier is the GPU and host memory is pinned, so the figures
-compare with `bench_host_device_copy.py`'s pinned bandwidth (the issue's target: >= 80% of
-it); without CUDA the device tier is CPU memory and the figures are memory-copy and disk rates.
+compare with `bench_host_device_copy.py`'s pinned bandwidth (target: >= 80% of it); without
+CUDA the device tier is CPU memory and the figures are memory-copy and disk rates.
+
+`--json PATH` writes one results document (`loom.bench.results`): a record `"move"` per move
+and tier with its median GB/s, each round's, and (through a sidecar) the median milliseconds of
+the call and of its parts.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import re
 import statistics
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import torch
 
+from loom.bench.script import add_json_option, write_json
 from loom.state.manager import StateKey, StateManager
 from loom.state.sidecar import SidecarConfig, StateSidecar
 from loom.state.tiers import Tier
 
 DIRS = ("offload->", "load<-")
+_MOVE = re.compile("->|<-")
+
+
+class Moves(NamedTuple):
+    """What a run moves: one rank's tensors and their bytes, the tiers in turn, the copy
+    settings, and the label the output names them by."""
+
+    tensors: dict[StateKey, torch.Tensor]
+    total: int
+    tiers: list[Tier]
+    copy: dict[str, int]
+    label: str
 
 
 def main() -> None:
@@ -48,8 +66,8 @@ def main() -> None:
     ap.add_argument("--tiers", default="host,disk", help="offload to these, in turn")
     ap.add_argument("--chunk-mb", type=float, default=None, help="copy chunk (MiB)")
     ap.add_argument("--streams", type=int, default=None, help="CUDA streams copies run on")
-    ap.add_argument("--json", default=None, help="append the medians here as JSON lines")
     ap.add_argument("--label", default=None, help="name this run in the output")
+    add_json_option(ap)
     args = ap.parse_args()
     tiers = [Tier(t) for t in args.tiers.split(",")]
     if not tiers or Tier.DEVICE in tiers:
@@ -60,7 +78,6 @@ def main() -> None:
     if args.streams is not None:
         copy["copy_streams"] = args.streams
     n = args.mb * 2**20
-    cuda = torch.cuda.is_available()
     tensors = {}
     per = 64 * 2**20  # 64 MiB tensors, half bf16 weights, half fp32 optimizer
     for i in range(max(1, n // per)):
@@ -71,9 +88,17 @@ def main() -> None:
     label = f"chunk_mb={args.chunk_mb} streams={args.streams}" if copy else "defaults"
     if args.label:
         label = f"{args.label}: {label}"
-    if args.via == "sidecar":
-        sidecar(tensors, total, args, tiers, copy, label)
-        return
+    moves = Moves(tensors, total, tiers, copy, label)
+    records = (sidecar if args.via == "sidecar" else in_process)(moves, args)
+    # the tensors' contents are torch's default random draws; nothing measured depends on them
+    if out := write_json(args.json, "bench_state_manager", records, seed=0):
+        print(f"wrote {len(records)} records to {out}")
+
+
+def in_process(moves: Moves, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The moves through a StateManager in this process, all ranks at once."""
+    tensors, total, tiers, copy, label = moves
+    cuda = torch.cuda.is_available()
     with tempfile.TemporaryDirectory() as tmp:
         sm = StateManager(
             gpus=args.dp,
@@ -105,7 +130,7 @@ def main() -> None:
         where = (
             f"device {'cuda' if cuda else 'cpu'}, host {host}, disk direct_io={sm.disk.direct_io}"
         )
-        report(rows, total, args, f"in process, {where}", label)
+        return report(rows, total, args, f"in process, {where}", label)
 
 
 def report(
@@ -115,36 +140,30 @@ def report(
     where: str,
     label: str,
     parts: dict[str, dict[str, list[float]]] | None = None,
-) -> None:
+) -> list[dict[str, Any]]:
     """One line per move: the median GB/s, and (through a sidecar) the median milliseconds of
-    the call as a rank sees it and of its parts in the sidecar."""
+    the call as a rank sees it and of its parts in the sidecar; and a record of each."""
     print(f"{total / 2**20:.0f} MiB unique state, DP {args.dp}, copies: {label} ({where})")
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    records = []
     for name, vals in rows.items():
         line = f"  {name:14s} {statistics.median(vals):6.2f} GB/s (median of {len(vals)})"
         ms = {k: statistics.median(v) * 1e3 for k, v in (parts or {}).get(name, {}).items()}
         if ms:
             line += "  ms: " + " ".join(f"{k} {v:.1f}" for k, v in ms.items())
         print(line)
-        if args.json:
-            with open(args.json, "a") as f:
-                rec = {
-                    "device": device, "via": args.via, "copies": label, "move": name,
-                    "mb": args.mb, "dp": args.dp, "gb_s": statistics.median(vals),
-                    "runs": vals, "parts_ms": ms, "where": where,
-                }  # fmt: skip
-                f.write(json.dumps(rec) + "\n")
+        direction, tier = _MOVE.split(name)
+        record = {"record": "move", "move": name, "direction": direction, "tier": tier}
+        record |= {"device": device, "via": args.via, "copies": label, "where": where}
+        record |= {"mb": args.mb, "unique_mib": total / 2**20, "dp": args.dp}
+        record |= {"repeats": len(vals), "gb_s": statistics.median(vals), "gb_s_runs": vals}
+        records.append(record | {f"{k}_ms": v for k, v in ms.items()})
+    return records
 
 
-def sidecar(
-    tensors: dict[StateKey, torch.Tensor],
-    total: int,
-    args: argparse.Namespace,
-    tiers: list[Tier],
-    copy: dict[str, int],
-    label: str,
-) -> None:
+def sidecar(moves: Moves, args: argparse.Namespace) -> list[dict[str, Any]]:
     """The same moves through a sidecar process, the ranks as threads of this one."""
+    tensors, total, tiers, copy, label = moves
     dp = args.dp
     device = "cuda" if torch.cuda.is_available() else "cpu"
     held = [{k: v.to(device) for k, v in tensors.items()} for _ in range(dp)]
@@ -207,7 +226,7 @@ def sidecar(
             cl.close()
     host = "pinned" if st["pinned_host"] else "pageable"
     where = f"via a sidecar, device {device}, host {host}, disk direct_io={st['direct_io']}"
-    report(rows, total, args, where, label, parts)
+    return report(rows, total, args, where, label, parts)
 
 
 if __name__ == "__main__":

@@ -1,17 +1,22 @@
 """Decision latency of Tangram's elastic scheduler: 64 queued scalable candidates over one
-256-core node (the issue's target: within 1 ms), and the same with a deep queue behind them;
-then `tangram_lookahead` with a history of 128 recent starts, whose arrivals it expects again.
+256-core node (target: within 1 ms), and the same with a deep queue behind them; then
+`tangram_lookahead` with a history of 128 recent starts, whose arrivals it expects again.
 
-    python benchmarks/bench_tangram_scheduler.py
+    python benchmarks/bench_tangram_scheduler.py [--repeats 30] [--json PATH]
+
+`--json PATH` writes one results document (`loom.bench.results`): a record `"decision"` per
+policy and queue, with the median milliseconds of the decision and of the whole pass.
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 
 from loom.actions.managers.cpu import CpuManager, CpuNode
 from loom.actions.tangram.scheduler import ElasticScheduler, TangramConfig
+from loom.bench.script import add_json_option, write_json
 from loom.core.actions import ActionKind, ActionSpec
 from loom.core.resources import RangeSet
 from loom.core.rng import stream
@@ -73,14 +78,35 @@ def measure(
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeats", type=int, default=30, help="passes timed per setting")
+    add_json_option(ap)
+    args = ap.parse_args()
+    records = []
     for n, extra, lookahead in [(64, 0, False), (64, 512, False), (64, 0, True), (64, 512, True)]:
-        decide_ms, full_ms, started = measure(n, extra, lookahead=lookahead)
+        decide_ms, full_ms, started = measure(n, extra, args.repeats, lookahead)
         # 64 candidates at >= 1 core each fit 256 cores; the queue behind is estimated only.
         policy = "tangram_lookahead" if lookahead else "tangram"
         print(
             f"{policy} candidates={n} queued_behind={extra}: decision median {decide_ms:.3f} "
             f"ms, with allocation {full_ms:.3f} ms, started {started}"
         )
+        records.append(
+            {
+                "record": "decision",
+                "policy": policy,
+                "candidates": n,
+                "queued_behind": extra,
+                "history": HISTORY if lookahead else 0,
+                "repeats": args.repeats,
+                "decision_ms": decide_ms,
+                "with_allocation_ms": full_ms,
+                "started": started,
+            }
+        )
+    # the passes' seeds are their repeat numbers, 0 up
+    if out := write_json(args.json, "bench_tangram_scheduler", records, seed=0):
+        print(f"wrote {len(records)} records to {out}")
 
 
 if __name__ == "__main__":

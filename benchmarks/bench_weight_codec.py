@@ -8,6 +8,9 @@ exactly the stated fraction, so 20% sits on the default dense threshold and stay
 
     python benchmarks/bench_weight_codec.py            # 256 MiB, 5 repeats
     python benchmarks/bench_weight_codec.py --quick    # 16 MiB, 3 repeats
+
+`--json PATH` writes one results document (`loom.bench.results`): a record `"setup"` (the size,
+the repeats, the libraries and the load average) and `"codec"` per backend and share changed.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from loom.bench.script import add_json_option, write_json
 from loom.state.weights import apply, encode, float32_to_bf16_bits, read_header
 
 TARGET_GBS = 0.5
@@ -84,16 +88,36 @@ def backends() -> dict[str, tuple[Callable[[np.ndarray], Any], Callable[[], Any]
     return out
 
 
-def row(backend: str, what: str, numel: int, enc_s: float, app_s: float, blob: bytes) -> str:
+def row(
+    backend: str, fraction: float | None, numel: int, enc_s: float, app_s: float, blob: bytes
+) -> dict[str, Any]:
+    """One backend's figures on a delta of `fraction` changed (None: the dense snapshot),
+    printed and returned as a record."""
+    what = "dense" if fraction is None else f"{fraction:.0%} changed"
     gb = 2 * numel / 1e9
     enc, app = gb / enc_s, gb / app_s
     ok = "yes" if min(enc, app) >= TARGET_GBS else "NO"
     encoding = read_header(blob).encoding.name.lower()
-    return (
+    print(
         f"{backend:10} {what:11} {encoding:6} blob {len(blob) / 2**20:8.2f} MiB "
         f"({len(blob) / (2 * numel):6.1%})  encode {enc_s * 1e3:7.1f} ms {enc:6.2f} GB/s  "
         f"apply {app_s * 1e3:7.1f} ms {app:6.2f} GB/s  >= {TARGET_GBS} GB/s: {ok}"
     )
+    return {
+        "record": "codec",
+        "backend": backend,
+        "case": what,
+        "changed_share": fraction,
+        "encoding": encoding,
+        "blob_mib": len(blob) / 2**20,
+        "blob_share": len(blob) / (2 * numel),
+        "encode_ms": enc_s * 1e3,
+        "encode_gb_s": enc,
+        "apply_ms": app_s * 1e3,
+        "apply_gb_s": app,
+        "target_gb_s": TARGET_GBS,
+        "meets_target": ok == "yes",
+    }
 
 
 def main() -> None:
@@ -101,21 +125,27 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="16 MiB and 3 repeats")
     parser.add_argument("--mib", type=int, default=None, help="tensor size in MiB of bf16")
     parser.add_argument("--repeats", type=int, default=None)
+    add_json_option(parser)
     args = parser.parse_args()
     mib = args.mib or (16 if args.quick else 256)
     repeats = args.repeats or (3 if args.quick else 5)
     numel = mib * 2**20 // 2
     views = backends()
+    setup = {"record": "setup", "mib": mib, "elements": numel, "repeats": repeats}
+    setup |= {"cpus": os.cpu_count(), "numpy": np.__version__, "torch": None, "torch_threads": None}
     threads = ""
     if "torch" in views:
         import torch
 
+        setup |= {"torch": torch.__version__, "torch_threads": torch.get_num_threads()}
         threads = f", torch {torch.__version__} with {torch.get_num_threads()} threads"
-    threads += f"; load average {os.getloadavg()[0]:.2f} before the run"
+    setup["load_average"] = os.getloadavg()[0]
+    threads += f"; load average {setup['load_average']:.2f} before the run"
     print(
         f"{mib} MiB of bf16 ({numel} elements), median of {repeats}; {os.cpu_count()} CPUs"
         f", numpy {np.__version__}{threads}"
     )
+    records = [setup]
     for fraction in FRACTIONS:
         old, new = weights(numel, fraction)
         for name, (view, context) in views.items():
@@ -130,7 +160,7 @@ def main() -> None:
                     lambda b=blob, t=target: apply(b, t, current_version=0, inplace=True), repeats
                 )
             assert np.array_equal(target_bits(target), new), "apply reproduces the new bits"
-            print(row(name, f"{fraction:.0%} changed", numel, enc_s, app_s, blob))
+            records.append(row(name, fraction, numel, enc_s, app_s, blob))
     old, _ = weights(numel, 0.0)
     for name, (view, context) in views.items():
         o, target = view(old), view(np.zeros_like(old))
@@ -140,7 +170,10 @@ def main() -> None:
             app_s = median_s(
                 lambda b=blob, t=target: apply(b, t, current_version=None, inplace=True), repeats
             )
-        print(row(name, "dense", numel, enc_s, app_s, blob))
+        records.append(row(name, None, numel, enc_s, app_s, blob))
+    # the weights' and the changes' draws are seeded 0
+    if out := write_json(args.json, "bench_weight_codec", records, seed=0):
+        print(f"wrote {len(records)} records to {out}")
 
 
 def target_bits(target: Any) -> np.ndarray:

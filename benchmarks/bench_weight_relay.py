@@ -9,7 +9,10 @@ Reports MB/s (median over repeats; MB = 10^6 bytes) and the relay's CPU seconds 
 (from /proc), so the cost per byte on the relay's side is visible apart from the client's.
 
 Run: python benchmarks/bench_weight_relay.py [--quick] [--buckets 32] [--bucket-mb 64]
-       [--batch-mb 1024] [--repeats 3]
+       [--batch-mb 1024] [--repeats 3] [--json PATH]
+
+`--json PATH` writes one results document (`loom.bench.results`): a record `"phase"` per phase
+(push, pull get_many, pull Puller) with its medians and each repeat's figures.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import statistics
 import time
 from collections.abc import Callable
 
+from loom.bench.script import add_json_option, write_json
 from loom.client import RelayClient
 from loom.runtime.relay import Puller, Pusher
 from loom.runtime.relay.process import RelayProcess
@@ -69,6 +73,7 @@ def main() -> None:
     ap.add_argument("--bucket-mb", type=int, default=64, help="bucket size, MiB")
     ap.add_argument("--batch-mb", type=int, default=1024, help="pull batch size, MiB")
     ap.add_argument("--repeats", type=int, default=3)
+    add_json_option(ap)
     args = ap.parse_args()
     if args.quick:
         args.buckets = 4
@@ -91,6 +96,7 @@ def main() -> None:
         f"median of {args.repeats}; {os.cpu_count()} cores shared by client and relay"
     )
     print(f"  {'phase':<14} {'MB/s':>8} {'wall s':>8} {'relay CPU s':>12} {'relay CPU s/GB':>15}")
+    records = []
     for phase, results in rows.items():
         wall = statistics.median(w for w, _ in results)
         cpu = statistics.median(c for _, c in results)
@@ -98,6 +104,26 @@ def main() -> None:
             f"  {phase:<14} {total / 1e6 / wall:8.0f} {wall:8.3f} {cpu:12.2f} "
             f"{cpu / (total / 1e9):15.2f}"
         )
+        records.append(
+            {
+                "record": "phase",
+                "phase": phase,
+                "buckets": args.buckets,
+                "bucket_mib": args.bucket_mb,
+                "batch_mib": args.batch_mb,
+                "push_threads": 2,
+                "repeats": args.repeats,
+                "mb": total / 1e6,
+                "mb_s": total / 1e6 / wall,
+                "wall_s": wall,
+                "relay_cpu_s": cpu,
+                "relay_cpu_s_per_gb": cpu / (total / 1e9),
+                "wall_runs_s": [w for w, _ in results],
+                "relay_cpu_runs_s": [c for _, c in results],
+            }
+        )
+    if out := write_json(args.json, "bench_weight_relay", records, seed=0):
+        print(f"wrote {len(records)} records to {out}")
 
 
 if __name__ == "__main__":

@@ -8,17 +8,21 @@ engine load it through Loom's worker extension, the router told the version.
 Per model: its parameters, a dense copy's bytes, the median delta's bytes and changed share,
 and the median seconds of publishing (rank 0: diff and push), the engine's pull (and apply),
 its reload, and the whole sync as the trainer waited for it.
+
+`--json PATH` writes one results document (`loom.bench.results`): a record `"sync"` per model
+with those figures (bytes, shares and seconds).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from loom.bench.script import add_json_option, write_json
 
 SIZES = {
     "tiny": {},  # Loom's tiny Qwen3: 2 layers, hidden 128 (0.6 M parameters)
@@ -79,7 +83,9 @@ def bench(size: str, steps: int, root: Path) -> dict[str, Any]:
 
     pub = first["published"]
     return {
+        "record": "sync",
         "model": size,
+        "steps": steps,
         "params": pub["numel"],
         "dense_bytes": pub["dense_bytes"],
         "first_sync_bytes": pub["bytes"],
@@ -98,7 +104,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="tiny,small")
     parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--json", type=Path, default=None)
+    add_json_option(parser)
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="loom-bench-sync-") as tmp:
@@ -114,8 +120,9 @@ def main() -> None:
                 f"first (dense) {r['first_sync_bytes'] / 1e6:.2f} MB in {r['first_sync_s']:.3f} s",
                 flush=True,
             )
-    if args.json is not None:
-        args.json.write_text(json.dumps({"records": rows}, indent=2) + "\n")
+    # the models' initial weights are drawn with torch's seed 0 (TinyModelSpec)
+    if out := write_json(args.json, "bench_weight_sync", rows, seed=0):
+        print(f"wrote {len(rows)} records to {out}")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,10 @@ fitted. Rollouts run in `RolloutSimulator` under FCFS with verl's cache-aware pi
 
     python benchmarks/calibrate_rose_workloads.py                  # steps 0-3, seed 0
     python benchmarks/calibrate_rose_workloads.py --steps 8 --seed 1
+
+`--json PATH` writes one results document (`loom.bench.results`): a record `"targets"`,
+`"rollout"` per setup and step, `"rollout_mean"` per setup (the steps' means), `"dapo"` and
+`"spot"` per model.
 """
 
 from __future__ import annotations
@@ -24,9 +28,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import statistics
+from typing import Any
 
 import numpy as np
 
+from loom.bench.script import add_json_option, write_json
 from loom.rollout.baselines import CacheAwareRouter, FcfsScheduler
 from loom.rollout.policy import WorkerLayout
 from loom.sim.rollout.simulator import RolloutSimulator
@@ -47,6 +53,8 @@ P75_RANGE_S = (55, 145)  # §4.1
 TAIL_OVER_S = 400  # §4.1
 FIG1C_8B_S = (435, 607)  # Fig. 1c, §2.2
 ROLLOUT_SHARE_MIN = 0.70  # Fig. 1a
+
+Record = dict[str, Any]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,17 +88,34 @@ def measure(s: Setup, step: int) -> dict[str, float]:
     p75 = float(np.percentile(res.finish_s, 75))
     train = train_time_s(w, train_tokens(trajs))
     return {
-        "share": prefill_share(trajs),
-        "makespan": res.makespan_s,
-        "p75": p75,
-        "ratio": p75 / res.makespan_s,
-        "p99": float(np.percentile(res.finish_s, 99)),
-        "train": train,
+        "prefill_share": prefill_share(trajs),
+        "makespan_s": res.makespan_s,
+        "p75_s": p75,
+        "p75_over_makespan": p75 / res.makespan_s,
+        "p99_s": float(np.percentile(res.finish_s, 99)),
+        "train_s": train,
         "rollout_share": res.makespan_s / (res.makespan_s + train),
     }
 
 
-def report_rollouts(steps: int, seed: int) -> None:
+def targets() -> Record:
+    """The paper's figures the workloads are checked against."""
+    return {
+        "record": "targets",
+        "prefill_share_8b": PREFILL_SHARE["8b"],
+        "prefill_share_32b": PREFILL_SHARE["32b"],
+        "prefill_share_tolerance": 0.03,
+        "p75_over_makespan_max": P75_OVER_ROLLOUT_MAX,
+        "p75_min_s": P75_RANGE_S[0],
+        "p75_max_s": P75_RANGE_S[1],
+        "tail_over_s": TAIL_OVER_S,
+        "fig1c_8b_from_s": FIG1C_8B_S[1],
+        "fig1c_8b_toward_s": FIG1C_8B_S[0],
+        "rollout_share_min": ROLLOUT_SHARE_MIN,
+    }
+
+
+def report_rollouts(steps: int, seed: int) -> list[Record]:
     print(f"Rollouts (steps 0..{steps - 1}, seed {seed}); per-step values, then the mean")
     print(
         f"targets: prefill share 8B {PREFILL_SHARE['8b']:.0%} / 32B {PREFILL_SHARE['32b']:.0%} "
@@ -98,9 +123,18 @@ def report_rollouts(steps: int, seed: int) -> None:
         f"{P75_RANGE_S[1]} s; tail > {TAIL_OVER_S} s; 8B at 8 GPUs {FIG1C_8B_S[1]} s falling "
         f"toward {FIG1C_8B_S[0]} s; rollout > {ROLLOUT_SHARE_MIN:.0%} of rollout + training"
     )
+    records = [targets()]
     for s in setups(seed):
         rows = [measure(s, step) for step in range(steps)]
         w = s.workload
+        workers = s.gpus // w.rollout_tp
+        setup = {"setup": s.name, "model": s.key, "batch": w.batch, "groups": w.groups}
+        setup |= {"group": w.group, "gpus": s.gpus, "workers": workers, "tp": w.rollout_tp}
+        setup |= {"running_per_worker": w.max_running_per_gpu * w.rollout_tp}
+        setup |= {"train_gpus": w.train_gpus}
+        records += [{"record": "rollout", **setup, "step": i, **r} for i, r in enumerate(rows)]
+        mean = {k: statistics.mean(r[k] for r in rows) for k in rows[0]}
+        records.append({"record": "rollout_mean", **setup, "steps": steps, **mean})
 
         def col(name: str, fmt: str, rows: list[dict[str, float]] = rows) -> str:
             vals = [r[name] for r in rows]
@@ -111,17 +145,19 @@ def report_rollouts(steps: int, seed: int) -> None:
             f"{s.gpus} GPUs as {s.gpus // w.rollout_tp} x TP{w.rollout_tp}, "
             f"{w.max_running_per_gpu * w.rollout_tp} running turns per worker"
         )
-        print(f"  prefill share    {col('share', '{:.3f}')}")
-        print(f"  makespan s       {col('makespan', '{:.0f}')}")
-        print(f"  P75 s            {col('p75', '{:.0f}')}")
-        print(f"  P75 / makespan   {col('ratio', '{:.2f}')}")
-        print(f"  P99 s            {col('p99', '{:.0f}')}")
-        print(f"  train s          {col('train', '{:.0f}')}  ({w.train_gpus} GPUs)")
+        print(f"  prefill share    {col('prefill_share', '{:.3f}')}")
+        print(f"  makespan s       {col('makespan_s', '{:.0f}')}")
+        print(f"  P75 s            {col('p75_s', '{:.0f}')}")
+        print(f"  P75 / makespan   {col('p75_over_makespan', '{:.2f}')}")
+        print(f"  P99 s            {col('p99_s', '{:.0f}')}")
+        print(f"  train s          {col('train_s', '{:.0f}')}  ({w.train_gpus} GPUs)")
         print(f"  rollout share    {col('rollout_share', '{:.2f}')}")
+    return records
 
 
-def report_dapo(seed: int) -> None:
+def report_dapo(seed: int) -> list[Record]:
     print(f"\nDAPO redundant sampling (seed {seed}): groups launched / batch groups per step")
+    records = []
     for key, w in ROSE_WORKLOADS.items():
         w = dataclasses.replace(w, seed=seed)
         n = w.steps[Algorithm.DAPO]
@@ -133,10 +169,26 @@ def report_dapo(seed: int) -> None:
             f"(cap {w.dapo.max_launch_multiple}x; Fig. 1d: up to 5.7x)"
         )
         print("      " + " ".join(f"{m:.1f}" for m in mult))
+        records.append(
+            {
+                "record": "dapo",
+                "model": key,
+                "steps": n,
+                "valid_prob_min": min(q),
+                "valid_prob_max": max(q),
+                "launch_multiple_mean": statistics.mean(mult),
+                "launch_multiple_max": max(mult),
+                "launch_multiple_cap": w.dapo.max_launch_multiple,
+                "paper_launch_multiple_max": 5.7,
+                "launch_multiples": mult,
+            }
+        )
+    return records
 
 
-def report_elastic(seed: int) -> None:
+def report_elastic(seed: int) -> list[Record]:
     print(f"\nSpot traces (seed {seed}; GPUs per 5-min slot) and serverless leases")
+    records = []
     for key in ROSE_WORKLOADS:
         tr, lease = spot_trace(key, seed), serverless_lease(key)
         rec = tr.recovery
@@ -156,16 +208,44 @@ def report_elastic(seed: int) -> None:
             f"      lambda-RL: {lease.gpus} GPUs, lease {lease.lease_s:.0f} s, cold start "
             f"{lease.cold_start.total_s:.0f} s, expiries in 2 h at {lease.expiries(tr.horizon_s)}"
         )
+        records.append(
+            {
+                "record": "spot",
+                "model": key,
+                "slot_s": tr.slot_s,
+                "horizon_s": tr.horizon_s,
+                "slots_gpus": tr.slots(),
+                "max_gpus": tr.max_gpus,
+                "mean_fraction": tr.mean_fraction,
+                "changes": len(tr.steps) - 1,
+                "gpus_lost": tr.gpus_lost,
+                "gpus_gained": tr.gpus_gained,
+                "recovery_s": rec.total_s,
+                "acquire_s": rec.acquire_s,
+                "model_load_s": rec.model_load_s,
+                "runtime_init_s": rec.runtime_init_s,
+                "weight_sync_s": rec.weight_sync_s,
+                "lost_recovery_share": tr.gpus_lost * rec.total_s / gpu_s,
+                "lease_gpus": lease.gpus,
+                "lease_s": lease.lease_s,
+                "cold_start_s": lease.cold_start.total_s,
+                "lease_expiries_s": lease.expiries(tr.horizon_s),
+            }
+        )
+    return records
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=4, help="rollout steps per setup")
     parser.add_argument("--seed", type=int, default=0)
+    add_json_option(parser)
     args = parser.parse_args()
-    report_rollouts(args.steps, args.seed)
-    report_dapo(args.seed)
-    report_elastic(args.seed)
+    records = report_rollouts(args.steps, args.seed)
+    records += report_dapo(args.seed)
+    records += report_elastic(args.seed)
+    if out := write_json(args.json, "calibrate_rose_workloads", records, seed=args.seed):
+        print(f"wrote {len(records)} records to {out}")
 
 
 if __name__ == "__main__":

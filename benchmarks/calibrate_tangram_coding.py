@@ -13,6 +13,9 @@ figures; `CodingParams`'s defaults are the point nearest both targets.
 
     python benchmarks/calibrate_tangram_coding.py                       # the default grid
     python benchmarks/calibrate_tangram_coding.py --reward 24,28,32 --llm 2 --steps 2
+
+`--json PATH` writes one results document (`loom.bench.results`): a record `"targets"` (the
+paper's two figures and `CodingParams`'s defaults) and `"point"` per grid point.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import dataclasses
 import statistics
 
 from loom.actions.policy import ActionPolicyKind as P
+from loom.bench.script import add_json_option, write_json
 from loom.experiments.tangram_cases import Case, run_case
 from loom.sim.workloads.actions import CodingParams
 
@@ -73,6 +77,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1280, help="RL batch size (Table 1: 1280)")
     ap.add_argument("--steps", type=int, default=2, help="RL steps simulated per point")
     ap.add_argument("--seed", type=int, default=1)
+    add_json_option(ap)
     args = ap.parse_args()
     base = CodingParams()
     print(
@@ -80,6 +85,16 @@ def main() -> None:
         f"{FIG3C_ACTION_SHARE:.0%} under k8s  (defaults: reward {base.reward_median_s:g} s, "
         f"llm {base.llm_median_s:g} s)"
     )
+    records: list[dict] = [
+        {
+            "record": "targets",
+            "table1_exec_s": TABLE1_EXEC_S,
+            "fig3c_action_share": FIG3C_ACTION_SHARE,
+            "default_reward_median_s": base.reward_median_s,
+            "default_llm_median_s": base.llm_median_s,
+        }
+    ]
+    setting = {"nodes": args.nodes, "batch": args.batch, "steps": args.steps}
     for reward in args.reward:
         for llm in args.llm:
             params = dataclasses.replace(base, reward_median_s=reward, llm_median_s=llm)
@@ -91,6 +106,19 @@ def main() -> None:
                 f"share {m['share']:.3f}  ACT k8s/tangram {m['act_ratio']:.2f}",
                 flush=True,
             )
+            records.append(
+                {
+                    "record": "point",
+                    "reward_median_s": reward,
+                    "llm_median_s": llm,
+                    **setting,
+                    "exec_s": m["exec_s"],
+                    "action_share": m["share"],
+                    "act_k8s_over_tangram": m["act_ratio"],
+                }
+            )
+    if out := write_json(args.json, "calibrate_tangram_coding", records, seed=args.seed):
+        print(f"wrote {len(records)} records to {out}")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,12 @@ hit counter says how much of the prompt was cached. Every shape is measured `--r
 and the fastest kept: other work on the machine only ever slows an iteration down.
 
 Run: python benchmarks/profile_engine.py OUT.csv [--url URL] [--repeats 3] [--quick]
+     [--json PATH]
 (without --url it starts an engine of the tiny model, which takes about a minute).
+
+`--json PATH` writes one results document (`loom.bench.results`): a record `"decode"` and
+`"prefill"` per shape (its iteration's milliseconds and the fit's relative error there) and
+`"fit"` (the coefficients, the errors' median and maximum, the KV capacity, the load average).
 """
 
 from __future__ import annotations
@@ -22,9 +27,11 @@ import random
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
+from loom.bench.script import add_json_option, write_json
 from loom.perf.latency import ProfiledLatencyModel, ProfileRow, save_profile
 from loom.runtime.engine import EngineProcess
 
@@ -122,6 +129,7 @@ def main() -> None:
     parser.add_argument("--model", default="loom-tiny", help="its served model name")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="a third of the shapes, for a try")
+    add_json_option(parser)
     args = parser.parse_args()
     t0, load0 = time.monotonic(), os.getloadavg()[0]
     if args.url:
@@ -150,7 +158,41 @@ def main() -> None:
     )
     save_profile(args.out, rows, tp=1, kv_capacity_tokens=kv, note=note)
     print(note)
-    print(f"wrote {len(rows)} rows to {args.out} in {time.monotonic() - t0:.0f} s")
+    wall_s = time.monotonic() - t0
+    print(f"wrote {len(rows)} rows to {args.out} in {wall_s:.0f} s")
+    records = [shape_record(r, e) for r, e in zip(rows, errors, strict=True)]
+    records.append(
+        {
+            "record": "fit",
+            "shapes": len(rows),
+            "repeats": args.repeats,
+            "coefficients": list(fit.coefficients),
+            "error_median": statistics.median(errors),
+            "error_max": max(errors),
+            "kv_capacity_tokens": kv,
+            "load_average_start": load0,
+            "load_average_end": load,
+            "wall_s": wall_s,
+        }
+    )
+    # the prompts' tokens are drawn with random.Random(0)
+    if out := write_json(args.json, "profile_engine", records, seed=0):
+        print(f"wrote {len(records)} records to {out}")
+
+
+def shape_record(row: ProfileRow, error: float) -> dict[str, Any]:
+    """A measured shape as a record: a decode step's batch and context or a prefill's new and
+    cached tokens, its milliseconds, and the fit's relative error there."""
+    if row.decode_batch:
+        shape = {
+            "record": "decode",
+            "batch": row.decode_batch,
+            "context_tokens": row.decode_context,
+        }
+    else:
+        shape = {"record": "prefill", "new_tokens": row.prefill_tokens}
+        shape["cached_tokens"] = row.prefill_context
+    return {**shape, "iteration_ms": row.seconds * 1e3, "fit_error": error}
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ or in a thread, and sglang-router), `systems` (the rollout systems compared), `s
 (router settings and their simulator counterparts), `simulate`, `calibrate` (engines' served
 profile), `measure` (CPU and round trips), `summary` (records of runs), `overhead`,
 `continuous` and `soak` (the router benchmarks' loads), `process` (a server in a child
-process), `progress` (a bar with time left) and `results` (the JSON document).
+process), `progress` (a bar with time left), `results` (the JSON document) and `script` (a
+script's `--json PATH` option, writing that document).
 
 NOTE: the names below are loaded on first use, so that a reader of results
 (`loom.bench.results`) does not import the router, the simulator and their dependencies."""
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from loom.bench.replay import run_batch, run_peer_batch, vocabulary
     from loom.bench.results import ResultsError, read_results, results, write_results
     from loom.bench.routers import Router, ServedRouter, SglangRouter, ThreadRouter
+    from loom.bench.script import add_json_option, write_json
     from loom.bench.settings import RouterSetup, router_setting
     from loom.bench.systems import SYSTEMS, Bench, System
 
@@ -41,6 +43,7 @@ _EXPORTS = {
     "replay": ("run_batch", "run_peer_batch", "vocabulary"),
     "results": ("ResultsError", "read_results", "results", "write_results"),
     "routers": ("Router", "ServedRouter", "SglangRouter", "ThreadRouter"),
+    "script": ("add_json_option", "write_json"),
     "settings": ("RouterSetup", "router_setting"),
     "systems": ("SYSTEMS", "Bench", "System"),
 }
@@ -65,6 +68,7 @@ __all__ = [
     "ThreadRouter",
     "Turn",
     "VllmEngines",
+    "add_json_option",
     "draw_tokens",
     "read_results",
     "results",
@@ -73,6 +77,7 @@ __all__ = [
     "run_peer_batch",
     "scaled_batch",
     "vocabulary",
+    "write_json",
     "write_results",
 ]
 

