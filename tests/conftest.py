@@ -34,6 +34,7 @@ _CI_NEEDS = {
             ("ray", "ray"),
             ("docs", "mkdocs"),
             ("docs", "cogapp"),
+            ("benchmarks' peer", "sglang_router"),
         )
     },
 }

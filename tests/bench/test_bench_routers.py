@@ -95,8 +95,12 @@ def test_sglang_router_routes_and_leaves_nothing_running(standins: StandinEngine
     assert left_running(before) == {}
 
 
-@pytest.mark.skipif(sglang_router_available(), reason="sglang-router is installed here")
-def test_without_sglang_router_the_peer_says_how_to_install_it() -> None:
+def test_without_sglang_router_the_peer_says_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import loom.bench.routers as routers
+
+    monkeypatch.setattr(routers, "sglang_router_available", lambda: False)  # as if not installed
     with pytest.raises(PeerUnavailableError, match="pip install sglang-router"):
         SglangRouter(["http://127.0.0.1:1"]).start()
 

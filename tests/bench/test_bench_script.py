@@ -3,10 +3,12 @@ whose figures the docs quote run at its smallest setting with `--json`: the docu
 back, names the command, and its records carry the fields the docs use, every value finite or
 null.
 
-Not run here, each skipped with its reason: `bench_host_device_copy.py` where there is no
-CUDA; `bench_weight_sync.py` and `profile_engine.py`, which start a vLLM CPU engine (about a
-minute even at their smallest); `bench_rollout_router.py --continuous` (about 40 s at its
-smallest). `bench_rollout_runtime.py` has a test of its own. `bench_rollmux.py` (`--quick`
+Not run here: `bench_weight_sync.py` and `profile_engine.py`, which start a vLLM CPU engine
+(about a minute even at their smallest; their parts have tests of their own:
+`tests/runtime/engine/test_weight_sync.py`, `test_engine_profile.py`), and
+`bench_rollout_router.py --continuous` (about 40 s at its smallest; `loom.bench.continuous` is
+tested in `test_bench_continuous.py`). `bench_host_device_copy.py` needs CUDA (`gpu`).
+`bench_rollout_runtime.py` has a test of its own. `bench_rollmux.py` (`--quick`
 still builds 2,000 jobs), `bench_cluster_service.py` (two worker-process groups to start) and
 `soak_router.py` take 10-20 s and are `slow`.
 """
@@ -174,13 +176,6 @@ SCRIPTS = [
         },
     ),
     Script(
-        "bench_rollout_router",
-        ("--continuous", "--trajectories", "4", "--duration-s", "2"),
-        {"run": "system p50_s p99_s tokens_per_s", "system": "throughput_over_fcfs"},
-        marks=(pytest.mark.skip(reason="about 40 s even with 4 trajectories over 2 s"),),
-        mode="-continuous",
-    ),
-    Script(
         "soak_router",
         ("--minutes", "0.1", "--trajectories", "4", "--every-s", "2"),
         {
@@ -190,21 +185,10 @@ SCRIPTS = [
         marks=(pytest.mark.slow,),
     ),
     Script(
-        "bench_weight_sync",
-        ("--sizes", "tiny", "--steps", "1"),
-        {"sync": "model params delta_bytes changed_share publish_s sync_s"},
-        marks=(pytest.mark.skip(reason="starts a vLLM CPU engine: about a minute"),),
-    ),
-    Script(
-        "profile_engine",
-        ("OUT.csv", "--quick", "--repeats", "1"),
-        {"decode": "batch context_tokens iteration_ms", "fit": "coefficients"},
-        marks=(pytest.mark.skip(reason="starts a vLLM CPU engine: about a minute"),),
-    ),
-    Script(
         "bench_host_device_copy",
         ("--sizes-mb", "16", "--repeats", "1"),
         {"copy": "size_mib host direction gb_s"},
+        marks=(pytest.mark.gpu,),
         needs=("cuda",),
     ),
 ]
