@@ -5,7 +5,9 @@ text); the site builds with warnings as errors; nothing links outside the reposi
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
+import json
 import re
 import shutil
 import subprocess
@@ -100,3 +102,61 @@ def test_the_site_builds_with_warnings_as_errors(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert (tmp_path / "site" / "services" / "rollout" / "index.html").exists()
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("cogapp") is None,
+    reason="the docs extra is not installed: pip install -e '.[docs]'",
+)
+def test_every_figure_is_what_its_stored_result_renders() -> None:
+    """The figures of the README and the docs are rendered from stored results
+    (`docs/render.py`): a figure typed by hand into a block, or a stored result changed
+    without rendering, differs here."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "docs" / "render.py"), "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
+
+
+def test_every_stored_result_names_its_command_date_and_seed() -> None:
+    for path in sorted((ROOT / "docs" / "results").glob("*.json")):
+        doc = json.loads(path.read_text())
+        assert {"command", "date", "seed", "records"} <= set(doc), path.name
+        assert doc["command"].startswith(("loom ", "python ")), (path.name, doc["command"])
+        assert doc["records"], path.name
+
+
+def test_the_readme_install_lines_are_what_ci_runs() -> None:
+    """CI (`.ci/run`) runs every install line the README prints, exactly as printed."""
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    lines = [
+        line.strip()
+        for block in re.findall(r"```bash\n(.*?)```", readme, re.S)
+        for line in block.splitlines()
+        if "pip install" in line and "&& loom " not in line
+    ]
+    # the quick-start line installs and then reproduces: CI installs the same way
+    lines += [
+        line.split(" && loom ")[0].strip()
+        for block in re.findall(r"```bash\n(.*?)```", readme, re.S)
+        for line in block.splitlines()
+        if "pip install" in line and "&& loom " in line
+    ]
+    assert lines
+    for line in lines:
+        assert line in ci, f"the README prints {line!r}, which .ci/run does not run"
+
+
+def test_the_docs_cite_no_issue_numbers() -> None:
+    """Readers cannot see the project's issues: the docs say what they mean instead."""
+    offenders = []
+    for page in PAGES:
+        for n, line in enumerate(page.read_text().splitlines(), 1):
+            if re.search(r"\bissues? #?\d+|\bissue-\d+", line, re.I):
+                offenders.append(f"{page.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert not offenders, "\n".join(offenders)

@@ -516,6 +516,7 @@ def plot(records: list[Record], out: Path) -> list[Path]:
         {**r, "case": _case(r)}
         for r in records
         if r["experiment"] == "summary"
+        and r["paper"] is not None  # (null in a stored result's JSON)
         and not math.isnan(float(r["paper"]))
         and "fraction" not in str(r["metric"])
     ]

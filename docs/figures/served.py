@@ -1,0 +1,161 @@
+"""The served systems' figures in the docs: the rollout benchmarks' stored results
+(`benchmarks/bench_rollout_runtime.py`, `bench_rollout_router.py`, `soak_router.py`, `--json`)
+and the first example's (`loom run grpo --json`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from figures.core import StoredResultError, f2, result, shown, table
+
+__all__ = [
+    "WORKLOADS",
+    "continuous_table",
+    "grpo_job",
+    "router_overhead",
+    "router_ratios",
+    "served_setting",
+    "served_systems",
+    "served_targets",
+    "soak_growth",
+]
+
+WORKLOADS = ("coding", "search", "math")
+
+
+def served_setting(name: str) -> str:
+    """A benchmark run's setting as a reader types it: its command without --json."""
+    return f"`{shown(result(name).command)}`"
+
+
+def _workloads(name: str) -> dict[str, dict[str, Any]]:
+    return {r["workload"]: r for r in result(name).where(record="workload")}
+
+
+def served_targets(names: Sequence[str], which: str = "best_peer_over_heddle") -> None:
+    """Per benchmark run (a row), the best peer's (or baseline's) makespan over Heddle's per
+    workload: above 1, Heddle is faster."""
+    rows = []
+    for name in names:
+        by = _workloads(name)
+        cells = [
+            f2(by[w][which]) if w in by and by[w][which] is not None else "–" for w in WORKLOADS
+        ]
+        runs = {r["runs"] for r in result(name).where(record="system")}
+        rows.append([served_setting(name), f"{max(runs)}", *cells])
+    table(["setting", "runs", *WORKLOADS], rows)
+
+
+def served_systems(name: str, workloads: Sequence[str] = WORKLOADS) -> None:
+    """Every system's median makespan, its runs' spread, its ratio to Heddle's, the simulator's
+    figures beside it and the router's CPU, per workload."""
+
+    def cell(v: Any, fmt: Any) -> str:
+        return "–" if v is None else fmt(v)
+
+    rows = []
+    for r in result(name).where(record="system"):
+        if r["workload"] not in workloads:
+            continue
+        rows.append(
+            [
+                r["workload"],
+                r["system"],
+                f"{r['makespan_s']:,.1f}",
+                ", ".join(f"{v:,.1f}" for v in r["makespan_runs_s"]),
+                f"{100 * r['spread']:.0f}%",
+                cell(r.get("vs_heddle"), f2),
+                cell(r.get("real_over_sim_routed"), f2),
+                cell(r.get("router_cpu_ms_per_turn"), f2),
+                cell(r.get("router_cpu_share"), lambda v: f"{100 * v:.0f}%"),
+            ]
+        )
+    table(
+        [
+            "workload",
+            "system",
+            "makespan (median)",
+            "runs",
+            "spread",
+            "/ Heddle's",
+            "real / simulated",
+            "router CPU per turn (ms)",
+            "router's share of CPU",
+        ],
+        rows,
+    )
+
+
+def router_overhead(name: str) -> None:
+    """What each router adds in front of an instant engine, per concurrency."""
+    rows = []
+    for r in result(name).where(record="overhead"):
+        rows.append(
+            [
+                r["router"],
+                r["concurrency"],
+                f"{r['added_p50_ms']:.2f}",
+                f"{r['added_p99_ms']:.2f}",
+                f"{r['router_cpu_ms_per_request']:.2f}",
+                f"{r['requests_per_s']:,.0f}",
+            ]
+        )
+    table(
+        [
+            "router",
+            "concurrency",
+            "added p50 (ms)",
+            "added p99 (ms)",
+            "CPU per request (ms)",
+            "requests/s",
+        ],
+        rows,
+    )
+
+
+def router_ratios(name: str) -> dict[str, Any]:
+    """Loom's router against sglang-router: the ratios the targets name."""
+    rows = result(name).where(record="ratios")
+    if len(rows) != 1:
+        raise StoredResultError(f"{name}: {len(rows)} ratio records, expected one")
+    return rows[0]
+
+
+def soak_growth(name: str) -> dict[str, Any]:
+    return result(name).one(record="growth")
+
+
+def grpo_job(name: str, run: str, job: str) -> dict[str, Any]:
+    """One job's summary in a `loom run grpo --json` result."""
+    return result(name).one(record="job", run=run, job=job)
+
+
+def continuous_table(name: str) -> None:
+    """Each system's turns under continuous load: latency, waits, preemptions, throughput."""
+    over = {r["system"]: r["throughput_over_fcfs"] for r in result(name).where(record="system")}
+    rows = []
+    for r in result(name).where(record="run"):
+        rows.append(
+            [
+                r["system"],
+                f"{r['p50_s']:.2f} s",
+                f"{r['p99_s']:.1f} s",
+                f"{r['longest_wait_s']:.1f} s",
+                f"{r['preemptions_per_turn']:.2f}",
+                f"{r['tokens_per_s']:,.0f}",
+                f2(over[r["system"]]) if over.get(r["system"]) is not None else "–",
+            ]
+        )
+    table(
+        [
+            "system",
+            "turn latency p50",
+            "p99",
+            "longest wait in the router",
+            "preemptions per turn",
+            "output tokens/s",
+            "/ fcfs's",
+        ],
+        rows,
+    )
