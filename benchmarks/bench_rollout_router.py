@@ -147,7 +147,7 @@ def overhead(args: argparse.Namespace) -> list[Record]:
                         f"p99 {row['direct_p99_ms']:6.2f} | routed p50 {row['routed_p50_ms']:6.2f}"
                         f" p99 {row['routed_p99_ms']:6.2f} | added p50 {row['added_p50_ms']:+6.2f}"
                         f" ms, p99 {row['added_p99_ms']:+6.2f} ms | router CPU "
-                        f"{row['router_cpu_ms_per_request']:.2f} ms/request | "
+                        f"{_ms(row['router_cpu_ms_per_request'])} ms/request | "
                         f"{row['requests_per_s']:7.0f} requests/s",
                         flush=True,
                     )
@@ -159,7 +159,7 @@ def overhead(args: argparse.Namespace) -> list[Record]:
         print(
             f"Loom: {got['loom_added_p50_ms']:.2f} ms added at the p50 (target <= 1; "
             f"sglang-router {got['sglang_router_added_p50_ms']:.2f}); CPU per request "
-            f"{got['cpu_per_request_over_sglang_router']:.2f}x sglang-router's (target <= 2); "
+            f"{_x(got['cpu_per_request_over_sglang_router'])} sglang-router's (target <= 2); "
             f"requests/s at concurrency 8 {got['requests_per_s_over_sglang_router']:.2f}x "
             "sglang-router's (target >= 0.8)"
         )
@@ -169,6 +169,14 @@ def overhead(args: argparse.Namespace) -> list[Record]:
         f"; prompts: {args.prompt}"
     )
     return rows
+
+
+def _ms(v: float | None) -> str:
+    return "under a clock tick:" if v is None else f"{v:.2f}"
+
+
+def _x(v: float | None) -> str:
+    return "(not measured: under a clock tick)" if v is None else f"{v:.2f}x"
 
 
 def main() -> None:

@@ -78,6 +78,9 @@ from loom.core.trajectory import WorkloadKind
 Record = dict[str, Any]
 
 
+ALL_PEERS = "sglang:cache_aware,sglang:power_of_two,sglang:round_robin,sglang:manual"
+
+
 def _systems(names: str) -> list[System]:
     try:
         return [system(s) for s in names.split(",") if s]
@@ -295,8 +298,8 @@ def _report(kind: str, rows: list[Record]) -> None:
 def main_real(args: argparse.Namespace) -> list[Record]:
     """One workload (`--kind`) over stand-in, vLLM CPU or running engines: each system run
     `--repeats` times, interleaved; with profiled engines, the simulator beside each Loom
-    system."""
-    systems = _systems(args.systems)
+    system; sglang-router's policies (`--peers`) over the same engines."""
+    systems = _systems(args.systems) + _systems(args.peers)
     config = _batch(args, args.kind)
     batch = scaled_batch(config)
     n_traj, n_turns, n_tokens = batch_size(batch)
@@ -465,10 +468,11 @@ def parser(argv: list[str]) -> argparse.ArgumentParser:
     emu.add_argument(
         "--stream-interval-ms", type=float, default=250.0, help="wall ms between stream chunks"
     )
-    emu.add_argument(
+    ap.add_argument(
         "--peers",
-        default="sglang:cache_aware,sglang:power_of_two,sglang:round_robin,sglang:manual",
-        help="sglang-router policies over the same engines ('' for none)",
+        default=None,
+        help="sglang-router policies over the same engines ('' for none; default: "
+        f"{ALL_PEERS}, none over stand-ins, which have no vocabulary for its text route)",
     )
     if "--emulate" in argv:  # paper scale: Heddle's batch unscaled
         ap.set_defaults(
@@ -480,7 +484,15 @@ def parser(argv: list[str]) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    args = parser(argv).parse_args(argv)
+    ap = parser(argv)
+    args = ap.parse_args(argv)
+    if args.peers is None:
+        args.peers = "" if args.standin else ALL_PEERS
+    elif args.peers and args.standin:
+        ap.error(
+            "--peers needs engines with a vocabulary (vLLM or --emulate): sglang-router's text "
+            "route cannot reach stand-in engines; give --peers ''"
+        )
     records = main_emulated(args) if args.emulate else main_real(args)
     if args.json:
         doc = results("bench_rollout_runtime", records, seed=args.seed)

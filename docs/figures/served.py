@@ -97,7 +97,9 @@ def router_overhead(name: str) -> None:
                 r["concurrency"],
                 f"{r['added_p50_ms']:.2f}",
                 f"{r['added_p99_ms']:.2f}",
-                f"{r['router_cpu_ms_per_request']:.2f}",
+                "–"
+                if r["router_cpu_ms_per_request"] is None
+                else f2(r["router_cpu_ms_per_request"]),
                 f"{r['requests_per_s']:,.0f}",
             ]
         )

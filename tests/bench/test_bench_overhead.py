@@ -35,3 +35,20 @@ def test_ratios_need_both_routers_at_one_and_eight() -> None:
         "requests_per_s_over_sglang_router": pytest.approx(0.8),
     }
     assert ratios(rows[:2]) is None
+
+
+def test_a_router_cpu_under_a_clock_tick_is_not_a_ratio() -> None:
+    """CPU time is counted in clock ticks: a short run may read none, and the ratio is then
+    unknown (None), never a division by zero."""
+
+    def row(router: str, c: int, cpu: float | None) -> dict[str, object]:
+        return {"router": router, "concurrency": c, "added_p50_ms": 0.3,
+                "router_cpu_ms_per_request": cpu, "requests_per_s": 100.0 * c}  # fmt: skip
+
+    got = ratios([row("loom", 1, 0.5), row("loom", 8, 0.5),
+                  row("sglang-router", 1, None), row("sglang-router", 8, 0.2)])  # fmt: skip
+    assert got is not None and got["cpu_per_request_over_sglang_router"] is None
+    assert got["requests_per_s_over_sglang_router"] == 1.0
+    both = ratios([row("loom", 1, 0.5), row("loom", 8, 0.5),
+                   row("sglang-router", 1, 0.25), row("sglang-router", 8, 0.2)])  # fmt: skip
+    assert both is not None and both["cpu_per_request_over_sglang_router"] == 2.0

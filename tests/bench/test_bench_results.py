@@ -91,7 +91,9 @@ def test_a_record_that_is_not_flat_is_refused() -> None:
 
 
 def _valid() -> dict[str, object]:
-    return results("b", RECORDS, seed=1, command="python b.py", commit=None)
+    # NOTE: fixed date and commit: the cases are test ids, the same in every test process
+    when = datetime(2026, 1, 1, tzinfo=UTC)
+    return results("b", RECORDS, seed=1, command="python b.py", date=when, commit="abc123")
 
 
 @pytest.mark.parametrize(

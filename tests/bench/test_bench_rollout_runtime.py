@@ -95,3 +95,9 @@ def test_an_unknown_system_is_refused_before_anything_starts() -> None:
     done = _run("--systems", "heddle,hedle", timeout_s=120)
     assert done.returncode == 1
     assert "unknown system 'hedle'; one of heddle, verl" in done.stderr
+
+
+def test_peers_over_stand_ins_are_refused_with_the_reason() -> None:
+    done = _run("--standin", "2", "--peers", "sglang:manual", timeout_s=120)
+    assert done.returncode == 2
+    assert "--peers needs engines with a vocabulary" in done.stderr

@@ -86,10 +86,10 @@ def engine_pool() -> Iterator[EnginePool]:
         yield pool
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def heavy_engine_pool() -> Iterator[EnginePool]:
-    """Up to two engines of `HEAVY_MODEL` for one test module, for tests that must act on a
-    request while it decodes; stopped when the module ends."""
+    """Up to two engines of `HEAVY_MODEL`, for tests that must act on a request while it
+    decodes; shared by the session (an engine a test killed is replaced on the next `get`)."""
     if not engine_available():
         pytest.skip(f"vLLM is not installed: {INSTALL_HINT}")
     with EnginePool(limit=2, **HEAVY_ENGINE) as pool:

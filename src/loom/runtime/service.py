@@ -154,6 +154,9 @@ def uvicorn_config(app: FastAPI, host: str, port: int, log_level: str = "info") 
     )
 
 
+_BACKLOG = 2048  # uvicorn's own default
+
+
 def bind(host: str, port: int) -> tuple[socket.socket, str, int]:
     """A TCP socket bound to `host:port` (0: a free port), and the host and port it got."""
     # NOTE: proto must say TCP: asyncio sets TCP_NODELAY on accepted connections only then,
@@ -161,6 +164,10 @@ def bind(host: str, port: int) -> tuple[socket.socket, str, int]:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
+    # NOTE: listening before the address is announced: a client told the URL connects at once,
+    # and a bound socket that does not listen yet refuses it (uvicorn listens only once it
+    # has started up); until the server accepts, connections wait in the backlog
+    sock.listen(_BACKLOG)
     bound_host, bound_port = sock.getsockname()[:2]
     return sock, bound_host, bound_port
 
