@@ -6,4 +6,5 @@ from figures.plexrl import *  # noqa: F403
 from figures.rollmux import *  # noqa: F403
 from figures.rose import *  # noqa: F403
 from figures.served import *  # noqa: F403
+from figures.services import *  # noqa: F403
 from figures.tangram import *  # noqa: F403

@@ -15,7 +15,9 @@ __all__ = [
     "grpo_job",
     "router_overhead",
     "router_ratios",
+    "served_claims",
     "served_setting",
+    "served_sim",
     "served_systems",
     "served_targets",
     "soak_growth",
@@ -161,3 +163,40 @@ def continuous_table(name: str) -> None:
         ],
         rows,
     )
+
+
+def served_claims(name: str) -> None:
+    """The targets of Heddle served at paper scale, per workload: the best sglang-router
+    policy's makespan over Heddle's (target >= 1.3), the best of verl, slime and verl*'s
+    (target >= 1.2), and how many Loom systems ran within 10% of the simulator (with the
+    served router modelled)."""
+    by = _workloads(name)
+    systems = result(name).where(record="system")
+    rows = []
+    for w in WORKLOADS:
+        if w not in by:
+            continue
+        loom = [r for r in systems if r["workload"] == w and r.get("real_over_sim_routed")]
+        close = sum(abs(r["real_over_sim_routed"] - 1) <= 0.10 for r in loom)
+        rows.append(
+            [
+                w,
+                f2(by[w]["best_peer_over_heddle"]),
+                f2(by[w]["best_baseline_over_heddle"]),
+                f"{close} of {len(loom)}",
+            ]
+        )
+    table(
+        [
+            "workload",
+            "best sglang-router policy / Heddle (target ≥ 1.3)",
+            "best of verl, slime, verl* / Heddle (target ≥ 1.2)",
+            "Loom systems within 10% of the simulator",
+        ],
+        rows,
+    )
+
+
+def served_sim(name: str, workload: str, system: str) -> dict[str, Any]:
+    """A system's record of one workload in a benchmark run."""
+    return result(name).one(record="system", workload=workload, system=system)

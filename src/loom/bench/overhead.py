@@ -54,7 +54,7 @@ async def load(url: str, n: int, concurrency: int, prompt: str) -> tuple[list[fl
 
 def measure(
     engine: str, routed: str, pid: int, n: int, concurrency: int, rounds: int, prompt: str
-) -> dict[str, float]:
+) -> dict[str, float | None]:
     """`n` requests through the router at `routed` (process `pid`) and as many straight to
     `engine`, in `rounds` alternating rounds after a warm-up of each path."""
     direct: list[float] = []

@@ -55,6 +55,7 @@ def reproduce(
         Progress,
         TextColumn,
         TimeElapsedColumn,
+        TimeRemainingColumn,
     )
 
     from loom.core.errors import UnknownPolicyError
@@ -83,6 +84,8 @@ def reproduce(
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
+        TextColumn("left"),
+        TimeRemainingColumn(),
     )
     with Progress(*columns, console=out_console, transient=False) as progress:
         bar = progress.add_task(f"{system}", total=total)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,16 @@ class Standin(StandinProcess):
 
     def kill(self) -> None:
         self.stop()
+
+
+def wait_for(what: Callable[[], Any], timeout: float = 60.0) -> Any:
+    """`what()` once it is truthy (polled every 20 ms); an error naming it after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := what():
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 def start_standin(step_ms: float = 2.0, max_running: int = 64, *extra: str) -> Standin:

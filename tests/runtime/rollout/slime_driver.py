@@ -34,7 +34,7 @@ from typing import Any
 import httpx
 
 from loom.runtime.rollout import BackgroundRouter, RolloutServerConfig
-from loom.runtime.rollout.standin import StandinProcess, next_token, token_logprob
+from loom.runtime.rollout.standin import StandinProcess, continuation
 
 STANDINS: dict[int, StandinProcess] = {}
 
@@ -85,13 +85,7 @@ def stub_absent() -> None:
         _module("pandas")  # older slime's dataset module imports it; no dataset is read here
 
 
-def expected(prompt: list[int], n: int) -> tuple[list[int], list[float]]:
-    ctx, lps = list(prompt), []
-    for _ in range(n):
-        tok = next_token(ctx)
-        lps.append(token_logprob(ctx, tok))
-        ctx.append(tok)
-    return ctx[len(prompt) :], lps
+expected = continuation
 
 
 def slime_args(router: str) -> Namespace:

@@ -8,33 +8,21 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 import pytest
 
-from conftest import Rig
-from loom.runtime.rollout.standin import next_token, routed_experts, token_logprob, top_logprobs
+from conftest import Rig, wait_for
+from loom.runtime.rollout.standin import (
+    continuation,
+    routed_experts,
+    token_logprob,
+    top_logprobs,
+)
 
-
-def expected(prompt: list[int], n: int) -> tuple[list[int], list[float]]:
-    ctx, lps = list(prompt), []
-    for _ in range(n):
-        tok = next_token(ctx)
-        lps.append(token_logprob(ctx, tok))
-        ctx.append(tok)
-    return ctx[len(prompt) :], lps
-
-
-def wait_for(what: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := what():
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
+expected = continuation
 
 
 def stream(

@@ -19,14 +19,11 @@ import pytest
 from conftest import Rig
 from loom.rollout.policy import PlacementKind, SchedulerKind
 from loom.runtime.rollout import BackgroundRouter, EngineConfig, RolloutServerConfig
-from loom.runtime.rollout.standin import next_token
+from loom.runtime.rollout.standin import continuation
 
 
 def expected(prompt: list[int], n: int) -> list[int]:
-    ctx = list(prompt)
-    for _ in range(n):
-        ctx.append(next_token(ctx))
-    return ctx[len(prompt) :]
+    return continuation(prompt, n)[0]
 
 
 def run_trajectory(r: Rig, key: str, turns: int, tokens: int) -> list[int]:

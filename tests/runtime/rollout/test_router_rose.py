@@ -10,26 +10,13 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
-from conftest import Rig, Standin, start_standin
-from loom.runtime.rollout.standin import next_token
+from conftest import Rig, Standin, start_standin, wait_for
+from loom.runtime.rollout.standin import continuation
 
 
 def expected(prompt: list[int], n: int) -> list[int]:
-    ctx = list(prompt)
-    for _ in range(n):
-        ctx.append(next_token(ctx))
-    return ctx[len(prompt) :]
-
-
-def wait_for(what: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := what():
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
+    return continuation(prompt, n)[0]
 
 
 def add_lent(r: Rig, step_ms: float, engine: Standin | None = None) -> tuple[str, Standin]:

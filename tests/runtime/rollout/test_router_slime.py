@@ -8,7 +8,6 @@ elsewhere once slime has killed it) and is removed, never counted as failed."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -17,27 +16,11 @@ import httpx
 import pytest
 import slime_replay as slime
 
-from conftest import Rig, Standin, start_standin
+from conftest import Rig, Standin, start_standin, wait_for
 from loom.runtime.rollout.app import ROUTER_WORKER
-from loom.runtime.rollout.standin import next_token, token_logprob
+from loom.runtime.rollout.standin import continuation
 
-
-def expected(prompt: list[int], n: int) -> tuple[list[int], list[float]]:
-    ctx, lps = list(prompt), []
-    for _ in range(n):
-        tok = next_token(ctx)
-        lps.append(token_logprob(ctx, tok))
-        ctx.append(tok)
-    return ctx[len(prompt) :], lps
-
-
-def wait_for(what: Callable[[], Any], timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := what():
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
+expected = continuation
 
 
 def slime_fleet(rig: Callable[..., Rig], n: int, *, max_running: int, old: bool = False) -> Rig:

@@ -27,7 +27,7 @@ from loom.core.errors import Conflict, NotFound
 from loom.runtime.rollout.config import EngineConfig, EngineKind, RolloutServerConfig
 from loom.runtime.rollout.driver import RolloutDriver
 from loom.runtime.rollout.engines import EngineClient
-from loom.runtime.rollout.standin import next_token, token_logprob
+from loom.runtime.rollout.standin import continuation
 from loom.runtime.rollout.state import Turn
 from loom.runtime.rollout.turn import (
     TRANSITIONS,
@@ -93,13 +93,7 @@ def test_only_a_running_attempt_is_interrupted_and_ended_is_a_comparison() -> No
 # ---- in-process engines --------------------------------------------------------------------
 
 
-def expected(prompt: list[int], n: int) -> tuple[list[int], list[float]]:
-    ctx, lps = list(prompt), []
-    for _ in range(n):
-        tok = next_token(ctx)
-        lps.append(token_logprob(ctx, tok))
-        ctx.append(tok)
-    return ctx[len(prompt) :], lps
+expected = continuation
 
 
 CAP = 2

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 __all__ = [
     "StandinEngine",
     "StandinProcess",
+    "continuation",
     "next_token",
     "standin_latency",
     "write_standin_profile",
@@ -127,6 +128,18 @@ def next_token(context: list[int]) -> int:
     if h % 200 == 0:
         return EOS
     return 3 + h % (VOCAB - 3)
+
+
+def continuation(prompt: list[int], n: int) -> tuple[list[int], list[float]]:
+    """The `n` tokens the stand-in model generates after `prompt` (EOS ignored) and their
+    logprobs: what an uninterrupted turn returns, whatever preemptions, failovers or moves it
+    went through."""
+    ctx, logprobs = list(prompt), []
+    for _ in range(n):
+        token = next_token(ctx)
+        logprobs.append(token_logprob(ctx, token))
+        ctx.append(token)
+    return ctx[len(prompt) :], logprobs
 
 
 @dataclass(eq=False)
