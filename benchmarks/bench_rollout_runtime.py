@@ -486,9 +486,10 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     ap = parser(argv)
     args = ap.parse_args(argv)
+    standins = not (args.emulate or args.engine or args.vllm)  # what _fleet starts
     if args.peers is None:
-        args.peers = "" if args.standin else ALL_PEERS
-    elif args.peers and args.standin:
+        args.peers = "" if standins else ALL_PEERS
+    elif args.peers and standins:
         ap.error(
             "--peers needs engines with a vocabulary (vLLM or --emulate): sglang-router's text "
             "route cannot reach stand-in engines; give --peers ''"

@@ -9,6 +9,7 @@ import importlib.util
 import io
 import json
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -160,3 +161,80 @@ def test_the_docs_cite_no_issue_numbers() -> None:
             if re.search(r"\bissues? #?\d+|\bissue-\d+", line, re.I):
                 offenders.append(f"{page.relative_to(ROOT)}:{n}: {line.strip()}")
     assert not offenders, "\n".join(offenders)
+
+
+def benchmark_commands() -> list[tuple[str, list[str]]]:
+    """Every `python benchmarks/…` command in the bash blocks of the README and the docs, its
+    continuation lines joined and its comment cut; lines showing optional parts (`[…]`) are
+    forms, not commands, and left out."""
+    found = []
+    for page in PAGES:
+        for block in re.findall(r"```bash\n(.*?)```", page.read_text(), re.S):
+            joined = re.sub(r"\\\n\s*", " ", block)
+            for line in joined.splitlines():
+                line = line.split(" #")[0].strip()
+                if line.startswith("python benchmarks/") and "[" not in line:
+                    found.append((f"{page.relative_to(ROOT)}: {line}", line.split()[1:]))
+    return found
+
+
+# parse the script's arguments with its own parser, then stop before it runs anything
+PARSE_ONLY = """
+import argparse, runpy, sys
+parse = argparse.ArgumentParser.parse_args
+def parse_then_stop(self, args=None, namespace=None):
+    parse(self, args, namespace)
+    raise SystemExit(0)
+argparse.ArgumentParser.parse_args = parse_then_stop
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("shown, argv", benchmark_commands(), ids=lambda v: str(v)[:80])
+def test_every_benchmark_command_the_docs_print_is_accepted(shown: str, argv: list[str]) -> None:
+    """A benchmark command printed in the docs takes the options it is printed with: each is
+    parsed by its script's own parser (and stopped before it runs)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", PARSE_ONLY, *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, f"{shown}\n{proc.stderr[-2000:]}"
+
+
+def loom_commands() -> list[tuple[str, list[str]]]:
+    """Every `loom …` command in the bash blocks of the README and the docs, as
+    `benchmark_commands` finds them (a trailing `&` and a redirect cut)."""
+    found = []
+    for page in PAGES:
+        for block in re.findall(r"```bash\n(.*?)```", page.read_text(), re.S):
+            joined = re.sub(r"\\\n\s*", " ", block)
+            for line in joined.splitlines():
+                line = re.split(r" #| > | &&", line)[0].strip().rstrip("&").strip()
+                if line.startswith("loom ") and "[" not in line:
+                    found.append((f"{page.relative_to(ROOT)}: {line}", shlex.split(line)[1:]))
+    return found
+
+
+@pytest.mark.parametrize("shown, argv", loom_commands(), ids=lambda v: str(v)[:80])
+def test_every_loom_command_the_docs_print_is_accepted(shown: str, argv: list[str]) -> None:
+    """A `loom` command printed in the docs names a command that exists and options it takes:
+    parsed by the command line's own parser, command group by command group, and not run."""
+    import typer
+
+    from loom.cli import app
+
+    command = typer.main.get_command(app)  # typer's own click: a group resolves commands
+    parent, name, args = None, "loom", argv
+    while True:
+        ctx = command.make_context(name, list(args), parent=parent)
+        if not hasattr(command, "resolve_command"):
+            break
+        rest = [*ctx._protected_args, *ctx.args]
+        assert rest, f"{shown}: {name} needs a command"
+        found, sub, args = command.resolve_command(ctx, rest)
+        assert sub is not None and found is not None, f"{shown}: no command {rest[0]!r}"
+        parent, name, command = ctx, found, sub

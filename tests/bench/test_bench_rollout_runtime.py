@@ -101,3 +101,12 @@ def test_peers_over_stand_ins_are_refused_with_the_reason() -> None:
     done = _run("--standin", "2", "--peers", "sglang:manual", timeout_s=120)
     assert done.returncode == 2
     assert "--peers needs engines with a vocabulary" in done.stderr
+
+
+@pytest.mark.parametrize("engines", [["--vllm", "2"], ["--engine", "http://127.0.0.1:9"]])
+def test_peers_over_engines_with_a_vocabulary_are_taken(engines: list[str]) -> None:
+    """Stand-ins are the default only where no engines are named: `--vllm` or `--engine` with
+    `--peers` passes the peers' check (and stops at the unknown system, before any engine)."""
+    done = _run(*engines, "--peers", "sglang:manual", "--systems", "heddle,hedle", timeout_s=120)
+    assert "--peers needs engines" not in done.stderr
+    assert done.returncode == 1 and "unknown system 'hedle'" in done.stderr

@@ -209,3 +209,16 @@ def test_nothing_of_tmp_itself_nor_the_workspaces_is_revealed(tmp_path: Path) ->
         assert str(hidden) not in argv
     finally:
         tool.unlink()
+
+
+@needs_bwrap
+def test_a_relative_workdir_runs_actions_in_the_sandbox(
+    make_client: Callable[..., Client], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--workdir results/actions`, relative to where the server starts (as `loom run grpo
+    --out results/…` gives it): the sandbox hides and binds the workspaces by absolute path."""
+    monkeypatch.chdir(tmp_path)
+    client = make_client(sandbox="bwrap", workdir=Path("results") / "actions")
+    done = client.run(command=["sh", "-c", "echo ok > made; cat made"])
+    assert done["status"] == "succeeded" and done["stdout"] == "ok\n", done
+    assert list((tmp_path / "results" / "actions").rglob("made"))

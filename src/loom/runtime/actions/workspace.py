@@ -16,7 +16,10 @@ class Workspaces:
 
     def __init__(self, root: Path | None) -> None:
         self.owned = root is None  # a temporary directory, removed with the server
-        self.root = Path(tempfile.mkdtemp(prefix="loom-actions-")) if root is None else root
+        # absolute: the sandbox hides and binds it by path, from another working directory
+        self.root = (
+            Path(tempfile.mkdtemp(prefix="loom-actions-")) if root is None else root.resolve()
+        )
         self.root.mkdir(parents=True, exist_ok=True)
         self._base = self.root / "trajectories"
         self._base.mkdir(exist_ok=True)
