@@ -12,11 +12,11 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import IO
 
 import httpx
 
+from loom.core.lifecycle import Started
 from loom.proc.tether import Tethered
 
 __all__ = ["ServerProcess", "ServerStartError", "free_port", "wait_ready"]
@@ -55,7 +55,7 @@ def wait_ready(
     raise ServerStartError(f"{url}{path} did not come up in {timeout_s:.0f} s")
 
 
-class ServerProcess:
+class ServerProcess(Started):
     """`cmd` run as a server at `url`, ready once `ready` answers; a context manager. Its
     output goes to a file (a pipe nobody reads fills and blocks it; and sglang-router 0.3
     never starts serving with its output on /dev/null), whose tail a failed start reports.
@@ -129,17 +129,6 @@ class ServerProcess:
         if self._log is not None:
             self._log.close()
             self._log = None
-
-    def __enter__(self) -> ServerProcess:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 def _exited(pid: int, timeout_s: float) -> bool:

@@ -9,14 +9,14 @@ from __future__ import annotations
 import importlib.util
 import sys
 import time
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Mapping, Sequence
-from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
 import httpx
 
 from loom.bench.process import ServerProcess, ServerStartError, free_port
+from loom.core.lifecycle import Started
 
 if TYPE_CHECKING:
     from loom.runtime.rollout import BackgroundRouter, RolloutServerConfig
@@ -40,7 +40,7 @@ class PeerUnavailableError(RuntimeError):
     """A peer router that is not installed here, and how to install it."""
 
 
-class Router(ABC):
+class Router(Started):
     """A router on loopback; `url` and `pid` once entered."""
 
     url: str = ""
@@ -49,23 +49,6 @@ class Router(ABC):
     @abstractmethod
     def pid(self) -> int | None:
         """The router's own process, or None where it runs in this one."""
-
-    @abstractmethod
-    def start(self) -> Self: ...
-
-    @abstractmethod
-    def stop(self) -> None: ...
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 class ServedRouter(Router):

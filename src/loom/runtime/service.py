@@ -8,7 +8,6 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from types import TracebackType
 from typing import Self
 
 import uvicorn
@@ -18,6 +17,7 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from loom.core.errors import InvalidRequest, LoomError, TooLarge, Unauthorized, http_status
+from loom.core.lifecycle import Started
 from loom.runtime.access import UNAUTHORIZED, authorized, is_loopback, is_open
 
 __all__ = [
@@ -206,7 +206,7 @@ class DriverServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-class BackgroundService:
+class BackgroundService(Started):
     """A service in a daemon thread on a socket bound first (`port` 0: a free one); a context
     manager. One helper whatever the web framework: a subclass says how it serves
     (`_serve`, in the thread), when it has started and how it is asked to stop."""
@@ -250,17 +250,6 @@ class BackgroundService:
             self._thread.join(timeout_s)
         self._sock.close()
         assert not self._thread.is_alive(), f"the {self.name} did not stop"
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 class BackgroundApp(BackgroundService):

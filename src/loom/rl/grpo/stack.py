@@ -10,16 +10,16 @@ from __future__ import annotations
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Self
 
+from loom.core.lifecycle import Started
 from loom.rl.grpo.config import GRPOConfig
 from loom.runtime.engine.weight_sync import EngineRef
 
 __all__ = ["Stack"]
 
 
-class Stack:
+class Stack(Started):
     def __init__(self, config: GRPOConfig, model_dir: Path) -> None:
         self.config, self.model_dir = config, model_dir
         self.out = config.out
@@ -121,14 +121,3 @@ class Stack:
         for engine in self.engines:
             engine.stop()
         self.engines = []
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
