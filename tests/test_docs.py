@@ -238,3 +238,13 @@ def test_every_loom_command_the_docs_print_is_accepted(shown: str, argv: list[st
         found, sub, args = command.resolve_command(ctx, rest)
         assert sub is not None and found is not None, f"{shown}: no command {rest[0]!r}"
         parent, name, command = ctx, found, sub
+
+
+@pytest.mark.skipif(not (ROOT / ".git").exists(), reason="not a git checkout")
+def test_the_stored_results_are_not_ignored_by_git() -> None:
+    """A stored result git ignores renders here and is missing from every clone."""
+    stored = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs" / "results").glob("*.json"))
+    proc = subprocess.run(
+        ["git", "check-ignore", "--no-index", *stored], cwd=ROOT, capture_output=True, text=True
+    )
+    assert proc.stdout.strip() == "", f"ignored by .gitignore: {proc.stdout}"

@@ -66,9 +66,9 @@ def served_systems(name: str, workloads: Sequence[str] = WORKLOADS) -> None:
                 r["system"],
                 f"{r['makespan_s']:,.1f}",
                 ", ".join(f"{v:,.1f}" for v in r["makespan_runs_s"]),
-                f"{100 * r['spread']:.0f}%",
+                f"{100 * r['spread']:.0f}%" if r["runs"] > 1 else "–",  # one run: none
                 cell(r.get("vs_heddle"), f2),
-                cell(r.get("real_over_sim_routed"), f2),
+                cell(_real_over_sim(r), f2),
                 cell(r.get("router_cpu_ms_per_turn"), f2),
                 cell(r.get("router_cpu_share"), lambda v: f"{100 * v:.0f}%"),
             ]
@@ -87,6 +87,16 @@ def served_systems(name: str, workloads: Sequence[str] = WORKLOADS) -> None:
         ],
         rows,
     )
+
+
+def _real_over_sim(r: dict[str, Any]) -> float | None:
+    """A system's real makespan over the simulator's: with the served router modelled (the
+    emulated runs), or on the engines' profile as served (the vLLM runs); None for peers."""
+    if r.get("real_over_sim_routed") is not None:
+        return float(r["real_over_sim_routed"])
+    if r.get("sim_over_real"):
+        return 1.0 / float(r["sim_over_real"])
+    return None
 
 
 def router_overhead(name: str) -> None:
