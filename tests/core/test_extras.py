@@ -31,7 +31,7 @@ def test_the_install_line_installs_from_a_checkout() -> None:
 def test_a_missing_module_raises_the_typed_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "ray", None)  # its import fails: not installed
     with pytest.raises(MissingExtraError) as info:
-        require("loom serve rollout --ray", Extra.TORCH, Extra.RAY)
+        require("loom serve rollout --ray", Extra.RAY)
     err = info.value
     assert (err.command, err.extra, err.module) == ("loom serve rollout --ray", "ray", "ray")
     assert isinstance(err, LoomError) and isinstance(err, ImportError)

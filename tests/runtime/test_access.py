@@ -6,6 +6,7 @@ same flags, and stopping on SIGTERM; binding beyond loopback without a token is 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import signal
@@ -80,7 +81,22 @@ def wait_up(url: str, path: str) -> None:
     raise AssertionError(f"{url}{path} never answered")
 
 
-@pytest.mark.parametrize("name", sorted(SERVICES))
+NO_TORCH = importlib.util.find_spec("torch") is None
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(
+            name,
+            marks=pytest.mark.skipif(
+                name == "cluster" and NO_TORCH,
+                reason="the cluster service needs the torch extra: pip install -e '.[torch]'",
+            ),
+        )
+        for name in sorted(SERVICES)
+    ],
+)
 def test_every_service_takes_the_same_token(name: str) -> None:
     protected, health, extra = SERVICES[name]
     with serve(name, "--token", TOKEN, *extra) as (proc, url):

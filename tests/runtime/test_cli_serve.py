@@ -81,6 +81,8 @@ def test_the_engine_keeps_the_files_settings_unless_a_flag_is_given(
         raise EngineStartError("not started in this test")
 
     monkeypatch.setattr(EngineProcess, "start", staticmethod(start))
+    # (nothing is started: the settings are read where vLLM is not installed too)
+    monkeypatch.setattr("loom.core.extras.require", lambda *_: None)
     config = tmp_path / "engine.toml"
     config.write_text("max_running = 5\ngpu_memory_utilization = 0.2\n")
     runner = CliRunner()
