@@ -94,7 +94,9 @@ def test_the_readme_example_as_printed_on_two_steps(tmp_path: Path) -> None:
     import shutil
 
     out, doc_path = tmp_path / "grpo", tmp_path / "run.json"
-    loom = shutil.which("loom") or str(Path(sys.executable).with_name("loom"))
+    # the console script of the environment under test, wherever PATH points
+    here = Path(sys.executable).with_name("loom")
+    loom = str(here) if here.exists() else shutil.which("loom") or "loom"
     cmd = [loom, "run", "grpo", "examples/grpo.toml", "--steps", "2", "--out", str(out)]
     before = {p.pid for p in descendants(os.getpid())}
     proc = subprocess.run(
