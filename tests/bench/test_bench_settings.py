@@ -24,7 +24,7 @@ from loom.bench.settings import (
 from loom.core.errors import ConfigError
 from loom.core.topology import GpuType
 from loom.rollout.policy import PlacementKind, SchedulerKind
-from loom.runtime.rollout.driver import make_router
+from loom.runtime.rollout.policies import make_router
 
 EMULATED = RouterSetup(
     max_running=1024, queue=2, tp=2, priority=True, model="qwen3-14b", gpu="h100",

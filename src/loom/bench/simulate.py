@@ -30,7 +30,7 @@ def _run(
     """`batch` on `n_engines` simulated engines of `setup` under `policies`."""
     from loom.rollout.heddle.predictor import ProgressivePredictor
     from loom.rollout.policy import SCHEDULERS, WorkerLayout
-    from loom.runtime.rollout.driver import make_router
+    from loom.runtime.rollout.policies import make_router
     from loom.sim.rollout.simulator import RolloutSimulator
 
     specs = [to_spec(s, t) for s, t in batch]

@@ -53,7 +53,7 @@ from typing import Any
 from loom.core.errors import ConfigError
 from loom.rollout.policy import PlacementKind
 from loom.runtime.rollout.config import RolloutServerConfig
-from loom.runtime.rollout.driver import make_router, stable_id
+from loom.runtime.rollout.policies import make_router, stable_id
 from loom.runtime.rollout.state import Trajectory
 
 __all__ = ["NO_SERVERS", "REGISTRY_NAME", "VERL_NEEDED", "LoomLoadBalancer", "register_with_verl"]

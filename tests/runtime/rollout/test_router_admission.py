@@ -410,8 +410,8 @@ async def _migration_pays(predicted_total: float) -> tuple[bool, int]:
             first_arrival_s=0.0, predicted_total=predicted_total, context=4000,
         )  # fmt: skip
         t.prefix[src.idx] = 4000
-        driver._by_tid[t.traj_id] = t
-        pays = driver._move_pays(t, src.idx, dst.idx)
+        driver.core.by_tid[t.traj_id] = t
+        pays = driver.router.move_pays(t, src.idx, dst.idx)
         src.running.clear()
         return pays, driver.counts["migrations_declined"]
     finally:

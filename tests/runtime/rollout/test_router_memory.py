@@ -60,7 +60,7 @@ def test_a_finished_trajectory_leaves_a_bounded_record() -> None:
         assert len(d.predictor.history) == 50
         window = {s.prompt_id for s in d.predictor.history}
         assert set(d.predictor._prompt_sum) == window  # means of the window only
-        assert not d.trajectories and not d._by_tid and not d._by_rid and not d._held
+        assert not d.trajectories and not d.core.by_tid and not d.core.by_rid and not d.core.held
         assert d.counts["finished"] == 800
         await d.close()
         return grown, 400

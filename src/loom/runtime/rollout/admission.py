@@ -12,8 +12,7 @@ import math
 from dataclasses import dataclass
 
 from loom.rollout.moves import Pace
-from loom.runtime.rollout.engines import EngineLoad
-from loom.runtime.rollout.turn import Key
+from loom.runtime.rollout.turn import EngineLoad, Key
 
 __all__ = ["Capacity", "Pace", "engine_priority"]
 

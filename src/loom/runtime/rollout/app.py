@@ -575,7 +575,7 @@ def _worker(request: web.Request) -> EngineState | None:
     key = request.match_info["id"]
     if key == ROUTER_WORKER:
         return None
-    return request.app[DRIVER].registry.get(key)
+    return request.app[DRIVER].core.fleet.get(key)
 
 
 def _not_an_engine(what: str) -> BadRequest:
@@ -634,7 +634,7 @@ async def add_worker(request: web.Request) -> web.Response:
 async def _register(driver: RolloutDriver, cfg: EngineConfig) -> EngineState:
     """An engine at a new url is probed and added; one at a known url is taken as it is
     (again: a launcher that restarted a deregistered engine there gets it back)."""
-    e = driver.registry.by_url(cfg.url)
+    e = driver.core.fleet.by_url(cfg.url)
     if e is None:
         return await _add(driver, cfg)
     driver.take_back(e)
@@ -699,7 +699,7 @@ async def remove_worker_query(request: web.Request) -> web.Response:
     if not url:
         raise BadRequest("remove_worker needs ?url=http://host:port")
     driver = request.app[DRIVER]
-    e = driver.registry.by_url(url)
+    e = driver.core.fleet.by_url(url)
     if e is None:
         raise NotFound(f"no worker at {url}")
     driver.remove_engine(e.id, leaving=True)

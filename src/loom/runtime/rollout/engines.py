@@ -45,7 +45,14 @@ from yarl import URL
 from loom.core.errors import UpstreamError
 from loom.runtime.rollout.config import EngineKind
 from loom.runtime.rollout.fields import sglang_sampling, vllm_sampling
-from loom.runtime.rollout.turn import LogprobSpec, PromptLogprob, TokenLogprob
+from loom.runtime.rollout.turn import (
+    Delta,
+    Done,
+    EngineLoad,
+    LogprobSpec,
+    PromptLogprob,
+    TokenLogprob,
+)
 
 __all__ = [
     "Delta",
@@ -56,6 +63,7 @@ __all__ = [
     "EngineRejected",
     "EngineUnreachable",
     "ModelInfo",
+    "PriorityRefused",
     "SglangEngine",
     "VllmEngine",
     "make_engine",
@@ -86,21 +94,9 @@ class EngineRejected(UpstreamError):
         self.detail = detail
 
 
-@dataclass(frozen=True, slots=True)
-class Delta:
-    tokens: list[int]
-    text: str
-    logprobs: list[TokenLogprob] | None = None  # one per token, when asked
-    prompt_logprobs: list[PromptLogprob] | None = None  # once, when asked
-
-
-@dataclass(frozen=True, slots=True)
-class Done:
-    finish_reason: str  # "stop", "length" or "abort"
-    matched_stop: int | str | None = None
-    cached_tokens: int = 0
-    message: str | None = None  # an abort's reason, as the engine gave it
-    routed_experts: Any = None
+class PriorityRefused(EngineRejected):
+    """The engine refused the request's `priority` field (vLLM without
+    `--scheduling-policy priority`): it schedules first come, first served."""
 
 
 @dataclass(frozen=True)
@@ -112,18 +108,6 @@ class ModelInfo:
     max_running: int | None = None  # requests it runs at once, where it says (SGLang)
     # whether it schedules by the request's priority, where it says (SGLang); None: unknown
     priority: bool | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class EngineLoad:
-    """What an engine says of its load: requests running and waiting in its own queue (of
-    every client, not only the router's), the share of its KV cache in use, and how many
-    requests it runs at once where it says."""
-
-    running: int
-    waiting: int
-    kv_usage: float | None = None
-    max_running: int | None = None
 
 
 @dataclass
@@ -276,7 +260,10 @@ def _raise_for(status: int, raw: bytes, where: str) -> None:
     except json.JSONDecodeError:
         pass
     if 400 <= status < 500 and status not in (404, 408, 429):
-        raise EngineRejected(status, f"engine refused the request: {detail}")
+        # NOTE: vLLM names the field in its answer and gives no code: the message is the
+        # one place the refusal can be told apart, here where the engine's answer is read
+        kind = PriorityRefused if "priorit" in detail.lower() else EngineRejected
+        raise kind(status, f"engine refused the request: {detail}")
     raise EngineError(f"{where} answered {status}: {detail}")
 
 

@@ -1,9 +1,10 @@
 """The router's Prometheus metrics, on a registry of its own (several routers may share a
 process in tests and benchmarks).
 
-NOTE: the engines' gauges (turns running and waiting, alive) are read from the engines when
-/metrics is scraped, not set on every change: a request's path pays for counters only, and
-a counter's child is looked up once per engine."""
+NOTE: what the core counts (its `Ledger`: events, the turn and queueing histograms) and the
+engines' gauges and token counts are read when /metrics is scraped, not set on every change:
+the ledger is the one count, `/v1/stats` and `/metrics` two views of it. Only what the HTTP
+layer sees (requests by route, errors by status) is counted here."""
 
 from __future__ import annotations
 
@@ -11,8 +12,15 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
 from prometheus_client.registry import Collector
+
+from loom.runtime.rollout.ledger import LATENCY_BUCKETS, Ledger
+from loom.runtime.rollout.ledger import Histogram as Observed
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -21,64 +29,75 @@ if TYPE_CHECKING:
 
 __all__ = ["RouterMetrics"]
 
-_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+# the ledger's counts that Prometheus shows, by its name (loom_rollout_NAME_total)
+_COUNTERS = {
+    "preemptions": ("preemptions", "running turns evicted by an outranking one"),
+    "migrations": ("migrations", "trajectories whose home engine moved"),
+    "failovers": ("failovers", "turns resumed elsewhere after an engine failed"),
+}
 
 
-class _Engines(Collector):
-    """The engines' gauges, computed at scrape time."""
+class _Ledger(Collector):
+    """The ledger's counts and histograms and the engines' gauges, computed at scrape time."""
 
-    def __init__(self, engines: Callable[[], Iterable[EngineState]]) -> None:
+    def __init__(self, ledger: Ledger, engines: Callable[[], Iterable[EngineState]]) -> None:
+        self.ledger = ledger
         self.engines = engines
 
     def collect(self) -> Iterator[Metric]:
+        counts = self.ledger.counts
+        for name, (key, doc) in _COUNTERS.items():
+            c = CounterMetricFamily(f"loom_rollout_{name}", doc)
+            c.add_metric([], counts[key])
+            yield c
+        yield _histogram(
+            "loom_rollout_turn_seconds",
+            "time from a turn's arrival to its end",
+            self.ledger.turn_seconds,
+        )
+        yield _histogram(
+            "loom_rollout_queueing_seconds",
+            "time a turn waited in the router before an engine first took it",
+            self.ledger.queueing_seconds,
+        )
         load = GaugeMetricFamily(
             "loom_rollout_engine_turns", "turns at an engine, by state", labels=["engine", "state"]
         )
         alive = GaugeMetricFamily("loom_rollout_engine_alive", "1 if routable", labels=["engine"])
+        tokens = CounterMetricFamily(
+            "loom_rollout_generated_tokens",
+            "tokens generated, by engine (rate() gives tokens/s)",
+            labels=["engine"],
+        )
         for e in self.engines():
             load.add_metric([e.id, "running"], len(e.running))
             load.add_metric([e.id, "waiting"], len(e.waiting))
             alive.add_metric([e.id], 1.0 if e.routable else 0.0)
+            tokens.add_metric([e.id], e.tokens)
         yield load
         yield alive
+        yield tokens
+
+
+def _histogram(name: str, doc: str, h: Observed) -> HistogramMetricFamily:
+    buckets, running = [], 0
+    for bound, n in zip([*LATENCY_BUCKETS, float("inf")], h.counts, strict=True):
+        running += n
+        buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), running))
+    return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=h.total)
 
 
 class RouterMetrics:
-    def __init__(self, engines: Callable[[], Iterable[EngineState]] = tuple) -> None:
+    def __init__(
+        self, ledger: Ledger | None = None, engines: Callable[[], Iterable[EngineState]] = tuple
+    ) -> None:
         r = self.registry = CollectorRegistry()
         self.requests = Histogram(
             "loom_rollout_request_seconds",
             "time from a request's arrival to its last byte, by route",
             ["route"],
             registry=r,
-            buckets=_LATENCY_BUCKETS,
-        )
-        self.turn_seconds = Histogram(
-            "loom_rollout_turn_seconds",
-            "time from a turn's arrival to its end",
-            registry=r,
-            buckets=_LATENCY_BUCKETS,
-        )
-        self.queueing = Histogram(
-            "loom_rollout_queueing_seconds",
-            "time a turn waited in the router before an engine first took it",
-            registry=r,
-            buckets=_LATENCY_BUCKETS,
-        )
-        self.tokens = Counter(
-            "loom_rollout_generated_tokens",
-            "tokens generated, by engine (rate() gives tokens/s)",
-            ["engine"],
-            registry=r,
-        )
-        self.preemptions = Counter(
-            "loom_rollout_preemptions", "running turns evicted by an outranking one", registry=r
-        )
-        self.migrations = Counter(
-            "loom_rollout_migrations", "trajectories whose home engine moved", registry=r
-        )
-        self.failovers = Counter(
-            "loom_rollout_failovers", "turns resumed elsewhere after an engine failed", registry=r
+            buckets=LATENCY_BUCKETS,
         )
         self.errors = Counter(
             "loom_rollout_errors",
@@ -86,29 +105,14 @@ class RouterMetrics:
             ["status"],
             registry=r,
         )
-        r.register(_Engines(engines))
-        self._tokens: dict[str, Counter] = {}
+        r.register(_Ledger(ledger or Ledger(), engines))
         self._routes: dict[str, Histogram] = {}
-
-    def engine_tokens(self, eid: str) -> Counter:
-        """The token counter of one engine (its child, looked up once)."""
-        child = self._tokens.get(eid)
-        if child is None:
-            child = self._tokens[eid] = self.tokens.labels(eid)
-        return child
 
     def route(self, route: str) -> Histogram:
         child = self._routes.get(route)
         if child is None:
             child = self._routes[route] = self.requests.labels(route)
         return child
-
-    def engine_removed(self, eid: str) -> None:
-        if self._tokens.pop(eid, None) is not None:
-            self.tokens.remove(eid)
-
-    def turn_done(self, seconds: float) -> None:
-        self.turn_seconds.observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

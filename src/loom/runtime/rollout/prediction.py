@@ -28,7 +28,7 @@ from loom.rollout.history import TrajectoryRecord, write_history
 if TYPE_CHECKING:
     from loom.runtime.rollout.state import Trajectory
 
-__all__ = ["MIN_HISTORY", "OnlinePredictor", "pending_spec", "trajectory_spec"]
+__all__ = ["MIN_HISTORY", "OnlinePredictor", "entry_spec", "pending_spec", "trajectory_spec"]
 
 log = logging.getLogger("loom.rollout")
 
@@ -69,6 +69,18 @@ def trajectory_spec(t: Trajectory, *, pending: bool) -> TrajectorySpec | None:
         workload=None,  # the router cannot know a trajectory's task
         turns=tuple(turns),
         prompt_features=_features(t.prompt_tokens),
+    )
+
+
+def entry_spec(prompt_id: int, prompt_tokens: int) -> TrajectorySpec:
+    """A declared trajectory before its first turn: what predicting its length reads."""
+    return TrajectorySpec(
+        traj_id=0,
+        prompt_id=prompt_id,
+        sample_idx=0,
+        workload=None,
+        turns=(TurnSpec(0, 1, None),),
+        prompt_features=_features(prompt_tokens),
     )
 
 

@@ -1,23 +1,23 @@
-"""What the router knows: trajectories (the `TrajectoryView` policies read) and engines (the
-`WorkerView` policies read). Plain objects owned by the driver's event loop; nothing here does
-I/O. A turn's states, transitions and request are in `turn.py`."""
+"""What the router knows: trajectories (the `TrajectoryView` policies read), engines (the
+`WorkerView` policies read) and the fleet of engines. Plain objects owned by the router's
+core; nothing here does I/O. A turn's states, transitions and request are in `turn.py`."""
 
 from __future__ import annotations
 
-import asyncio
 import itertools
+import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sortedcontainers import SortedList
 
+from loom.core.errors import Conflict, NotFound
 from loom.runtime.rollout.admission import Capacity, Pace
-from loom.runtime.rollout.config import EngineConfig
-from loom.runtime.rollout.engines import EngineClient, EngineLoad
 from loom.runtime.rollout.turn import (
     TRANSITIONS,
+    EngineLoad,
     Key,
     LogprobSpec,
     PromptLogprob,
@@ -27,7 +27,18 @@ from loom.runtime.rollout.turn import (
     TurnStateError,
 )
 
-__all__ = ["EngineState", "Trajectory", "Turn", "TurnRecord"]
+if TYPE_CHECKING:
+    from loom.runtime.rollout.config import EngineConfig
+    from loom.runtime.rollout.engines import EngineClient
+
+__all__ = ["EngineState", "Fleet", "Trajectory", "Turn", "TurnRecord", "UnknownEngine"]
+
+log = logging.getLogger("loom.rollout")
+
+
+class UnknownEngine(NotFound):
+    def __str__(self) -> str:
+        return f"unknown engine {self.args[0]!r}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +94,7 @@ class EngineState:
     idx: int
     id: str
     config: EngineConfig
-    client: EngineClient
+    client: EngineClient | None  # the driver's (the core never calls it)
     model: str
     running: dict[int, Turn] = field(default_factory=dict)  # by turn seq
     waiting: SortedList = field(default_factory=lambda: SortedList(key=lambda t: (t.key, t.seq)))
@@ -101,6 +112,7 @@ class EngineState:
     pace: Pace = field(default_factory=Pace)  # measured over its finished attempts
     reported: EngineLoad | None = None  # its latest load report
     send_priority: bool = True  # requests carry the scheduler's key as their priority
+    high_first: bool = False  # it runs higher `priority` values first (SGLang's default)
     # counters for /v1/stats
     admitted: int = 0
     completed: int = 0
@@ -201,18 +213,13 @@ class Turn:
     cached_tokens: int = 0
     version: int | None = None  # weight version of the engine that produced its last tokens
     routed_experts: Any = None  # the last attempt's, when asked (SGLang engines)
-    task: asyncio.Task[None] | None = None
-    progress_t: float = 0.0  # event-loop time of its attempt's start or last chunk
+    progress_t: float = 0.0  # when its attempt started or last delivered a chunk
     attempt_chunks: int = 0  # chunks its current attempt has delivered
-    # a streaming client's feed: each chunk, then None once it ended (None: not streamed)
-    updates: asyncio.Queue[Any] | None = None
-    finished: asyncio.Event = field(default_factory=asyncio.Event)
+    # the driver's: whoever waits on the turn (the core never reads them)
+    finished: Any = None  # woken once it ends
+    updates: Any = None  # a streaming client's feed: each chunk, then None once it ended
 
     # ---- reads ---------------------------------------------------------------------------
-
-    def __post_init__(self) -> None:
-        if self.request.stream:
-            self.updates = asyncio.Queue()
 
     @property
     def sampling(self) -> dict[str, Any]:
@@ -304,7 +311,7 @@ class Turn:
 
     def end(self, now: float, *, error: str | None = None, status: int = 502) -> None:
         """It ends: FINISHED with its output (`finish_reason` set by the caller), or FAILED
-        with `error` for the client. Whoever waits on it is woken once."""
+        with `error` for the client."""
         if error is not None:
             self._to(TurnState.FAILED)
             self.error = error
@@ -315,6 +322,152 @@ class Turn:
             self.finish_reason = self.finish_reason or "stop"
         self._stop_waiting(now)
         self.ended_s = now
-        if self.updates is not None:
-            self.updates.put_nowait(None)
-        self.finished.set()
+
+
+class Fleet:
+    """The engines behind the router and the current weight version: which are live, which
+    drain, which serve the current weights. Registration's probe is the driver's; the fleet
+    keeps the state."""
+
+    def __init__(self) -> None:
+        self.engines: dict[str, EngineState] = {}
+        self.version = 0  # the current weight version: engines behind it take no new turns
+        self._live: list[EngineState] | None = None
+        self._current: list[EngineState] | None = None
+        self._kinds: frozenset[Any] | None = None
+        self._idx = itertools.count()
+
+    def next_idx(self) -> int:
+        return next(self._idx)
+
+    def add(self, e: EngineState) -> None:
+        known = self.by_url(e.config.url)
+        if known is not None:
+            raise Conflict(f"engine {e.config.url} is already registered as {known.id}")
+        if e.id in self.engines:
+            raise Conflict(f"an engine named {e.id!r} exists already")
+        self.engines[e.id] = e
+        self._kinds = None
+        self.changed()
+
+    def get(self, key: str) -> EngineState:
+        """An engine by id, or by the URL it registered with (SGLang's gateway names workers
+        by URL)."""
+        e = self.engines.get(key) or self.by_url(key)
+        if e is None:
+            raise UnknownEngine(key)
+        return e
+
+    def by_url(self, url: str) -> EngineState | None:
+        url = url.rstrip("/")
+        if "://" not in url:  # a URL in a path segment loses a slash: http:/host:port
+            url = url.replace(":/", "://", 1)
+        return next((e for e in self.engines.values() if e.config.url == url), None)
+
+    def forget_if_drained(self, e: EngineState) -> bool:
+        """Forget `e` if it is draining and empty; whether it was forgotten now."""
+        if e.draining and not e.running and not e.waiting and self.engines.get(e.id) is e:
+            del self.engines[e.id]
+            self._kinds = None
+            self.changed()
+            return True
+        return False
+
+    def changed(self) -> None:
+        """An engine joined, left, failed, came back, drained or changed weights."""
+        self._live = self._current = None
+
+    def kinds(self) -> frozenset[Any]:
+        """The dialects (`EngineKind`) of the registered engines."""
+        if self._kinds is None:
+            self._kinds = frozenset(e.config.kind for e in self.engines.values())
+        return self._kinds
+
+    def live(self) -> list[EngineState]:
+        """Routable engines, largest degree first (Heddle's DP expects that order). The
+        caller must not change the list."""
+        if self._live is None:
+            self._live = sorted(
+                (e for e in self.engines.values() if e.routable), key=lambda e: (-e.tp, e.idx)
+            )
+        return self._live
+
+    def current(self) -> list[EngineState]:
+        """Routable engines at the current weight version (the caller must not change it)."""
+        if self._current is None:
+            self._current = [e for e in self.live() if e.version == self.version]
+        return self._current
+
+    def mark_down(self, e: EngineState, reason: str) -> bool:
+        """Take `e` out; whether it was in."""
+        if not e.alive:
+            return False
+        log.warning("engine %s is out: %s", e.id, reason)
+        e.alive = False
+        self.changed()
+        return True
+
+    def mark_up(self, e: EngineState) -> bool:
+        if e.alive:
+            return False
+        log.info("engine %s is back", e.id)
+        e.alive = True
+        e.failures = 0
+        self.changed()
+        return True
+
+    def drain(self, e: EngineState) -> None:
+        """`e` takes no new turns."""
+        e.draining = True
+        self.changed()
+
+    def undrain(self, e: EngineState) -> bool:
+        """`e` takes turns again; whether it was draining."""
+        if not e.draining:
+            return False
+        log.info("engine %s is taken back", e.id)
+        e.draining = False
+        self.changed()
+        return True
+
+    def set_weights(self, version: int, engines: Sequence[str] = ()) -> list[EngineState]:
+        """Weights of `version` are current; `engines` serve them already. Returns the
+        engines behind."""
+        if version < self.version:
+            raise Conflict(f"weight version {version} is older than the current {self.version}")
+        for eid in engines:
+            if eid not in self.engines:
+                raise UnknownEngine(eid)
+        self.version = version
+        for eid in engines:
+            self.engines[eid].version = version
+        self.changed()
+        return [e for e in self.engines.values() if e.version != version]
+
+    def report(
+        self,
+        eid: str,
+        *,
+        version: int | None = None,
+        free_tokens: int | None = None,
+        slack_s: float | None = None,
+    ) -> EngineState:
+        """What an engine's side says of it: the weight version it has loaded; for a lent
+        engine, the rollout KV tokens it can still take and its serving-SLO slack."""
+        e = self.engines.get(eid)
+        if e is None:
+            raise UnknownEngine(eid)
+        if version is not None and version < e.version:
+            raise Conflict(f"engine {eid} serves version {e.version}; {version} is older")
+        if free_tokens is not None and free_tokens < 0:
+            raise Conflict(f"free_tokens must be >= 0, got {free_tokens}")
+        if version is not None:
+            e.version = version
+            self.changed()
+        if free_tokens is not None:
+            e.free_tokens = free_tokens
+            e.stalled = False
+        if slack_s is not None:
+            e.reported_slack_s = slack_s
+            e.stalled = False
+        return e

@@ -22,6 +22,9 @@ from typing import Any
 
 __all__ = [
     "TRANSITIONS",
+    "Delta",
+    "Done",
+    "EngineLoad",
     "Key",
     "LogprobSpec",
     "PromptLogprob",
@@ -118,3 +121,36 @@ class TurnRequest:
     priority: int = 0
     routed_experts: bool = False
     stream: bool = False  # the client reads the turn as it goes (`Turn.updates`)
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    """A chunk of an attempt's stream: its new tokens, their text and logprobs."""
+
+    tokens: list[int]
+    text: str
+    logprobs: list[TokenLogprob] | None = None  # one per token, when asked
+    prompt_logprobs: list[PromptLogprob] | None = None  # once, when asked
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """How an attempt ended, as its engine said."""
+
+    finish_reason: str  # "stop", "length" or "abort"
+    matched_stop: int | str | None = None
+    cached_tokens: int = 0
+    message: str | None = None  # an abort's reason, as the engine gave it
+    routed_experts: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    """What an engine says of its load: requests running and waiting in its own queue (of
+    every client, not only the router's), the share of its KV cache in use, and how many
+    requests it runs at once where it says."""
+
+    running: int
+    waiting: int
+    kv_usage: float | None = None
+    max_running: int | None = None
