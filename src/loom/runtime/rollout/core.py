@@ -852,7 +852,7 @@ class RouterCore:
         elif was is TurnState.RUNNING and e is not None:
             if engine_done:
                 e.running.pop(turn.seq, None)
-            else:
+            elif e.running.get(turn.seq) is turn:  # (not one stopped on its way elsewhere)
                 self._interrupt(turn, e)
         now = self.now
         if error is None:
