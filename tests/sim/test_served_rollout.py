@@ -1,0 +1,216 @@
+"""The simulator's served rollout runs the served router's own core: the same event trace fed
+to the core the served driver builds gives the same commands, event by event; and a batch
+ends with every trajectory's turns, the same at the same seed."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from loom.core.trajectory import TrajectorySpec, TurnSpec
+from loom.runtime.emulate.config import EmulatedEngineConfig, EmulationSpec
+from loom.runtime.rollout import events as ev
+from loom.runtime.rollout.admission import Capacity
+from loom.runtime.rollout.config import EngineConfig, RolloutServerConfig
+from loom.runtime.rollout.driver import RolloutDriver
+from loom.runtime.rollout.state import EngineState, Trajectory, Turn
+from loom.sim.rollout.served import ServedRollout
+
+SPEC = EmulationSpec.parse("qwen3-8b@h100:tp1")
+
+
+def _batch(n: int, seed: int) -> list[TrajectorySpec]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        k = rng.randint(1, 4)
+        turns = tuple(
+            TurnSpec(
+                rng.randint(40, 900),
+                rng.randint(10, 500),
+                None if j == k - 1 else rng.uniform(0.2, 4.0),
+            )
+            for j in range(k)
+        )
+        out.append(
+            TrajectorySpec(
+                traj_id=i, prompt_id=i // 4, sample_idx=i % 4, workload=None, turns=turns
+            )
+        )
+    return out
+
+
+def _config(placement: str, scheduler: str, engines: int = 3, cap: int = 6) -> RolloutServerConfig:
+    return RolloutServerConfig(
+        placement=placement,
+        scheduler=scheduler,
+        model="qwen3-8b",
+        gpu="h100",
+        engines=tuple(EngineConfig(url=f"http://sim{i}", max_running=cap) for i in range(engines)),
+    )
+
+
+def _predictions(specs: list[TrajectorySpec]) -> list[list[float]]:
+    return [[float(sum(t.output_tokens for t in s.turns))] * len(s.turns) for s in specs]
+
+
+class _Canon:
+    """Commands as data that two runs can compare: turns by the order they were submitted,
+    engines by id, trajectories by key."""
+
+    def __init__(self) -> None:
+        self.turns: dict[int, int] = {}  # id(turn) -> ordinal
+
+    def value(self, v: Any) -> Any:
+        if isinstance(v, Turn):
+            return ("turn", self.turns[id(v)])
+        if isinstance(v, EngineState):
+            return ("engine", v.id)
+        if isinstance(v, Trajectory):
+            return ("trajectory", v.key)
+        if isinstance(v, list | tuple):
+            return [self.value(x) for x in v]
+        if isinstance(v, dict):
+            return {k: self.value(x) for k, x in v.items()}
+        return v
+
+    def commands(self, out: list[ev.Command]) -> list[tuple[Any, ...]]:
+        rows = []
+        for c in out:
+            if (
+                type(c) is ev.Reply
+                and isinstance(c.value, list)
+                and c.value
+                and isinstance(c.value[0], Turn)
+            ):
+                for turn in c.value:
+                    self.turns.setdefault(id(turn), len(self.turns))
+            fields = [self.value(getattr(c, f)) for f in c.__dataclass_fields__]  # type: ignore[attr-defined]
+            if type(c) is ev.Stop:  # an engine-side id ends with the process's turn counter
+                fields[2] = fields[2].rsplit("-", 1)[0]
+            if type(c) is ev.TurnEnded:
+                turn = c.turn
+                fields.append((turn.state.name, turn.finish_reason, len(turn.generated)))
+            rows.append((type(c).__name__, *fields))
+        return rows
+
+
+def _turns(c: ev.Command) -> bool:
+    """Whether `c` replies with the turns of a submission."""
+    return (
+        type(c) is ev.Reply
+        and isinstance(c.value, list)
+        and bool(c.value)
+        and isinstance(c.value[0], Turn)
+    )
+
+
+def _rest(event: Any, skip: int) -> list[Any]:
+    return [getattr(event, f) for f in list(event.__dataclass_fields__)[skip:]]
+
+
+@pytest.mark.parametrize(
+    ("placement", "scheduler"),
+    [("least_load", "fcfs"), ("heddle", "pps"), ("rose", "fcfs"), ("cache_aware", "pps")],
+)
+def test_the_served_drivers_core_gives_the_simulators_commands_for_its_trace(
+    placement: str, scheduler: str
+) -> None:
+    specs = _batch(40, seed=5)
+    config = _config(placement, scheduler)
+    trace: list[tuple[float, ev.Event]] = []
+    commands: list[list[ev.Command]] = []
+    ServedRollout(
+        specs,
+        [EmulatedEngineConfig(spec=SPEC)] * 3,
+        config,
+        predictions=_predictions(specs),
+        trace=trace,
+        commands=commands,
+    ).run()
+    assert len(trace) == len(commands) > 200
+    kinds = {type(e).__name__ for _, e in trace}
+    assert {"Submit", "Chunk", "AttemptDone", "Tick", "EngineLoaded", "Declare"} <= kinds
+
+    sim = _Canon()
+    theirs = [sim.commands(out) for out in commands]
+    outs = _replay(trace, config, _submitted(commands))
+    served = _Canon()
+    ours = [served.commands(out) for out in outs]
+    for i, (a, b) in enumerate(zip(theirs, ours, strict=True)):
+        assert a == b, f"event {i} ({type(trace[i][1]).__name__}) at t={trace[i][0]:.3f}"
+
+
+def _submitted(commands: list[list[ev.Command]]) -> dict[int, int]:
+    """The trace's turns by the order its core submitted them: id(turn) -> ordinal."""
+    order: dict[int, int] = {}
+    for out in commands:
+        for c in out:
+            if _turns(c):
+                for t in c.value:  # type: ignore[attr-defined]
+                    order.setdefault(id(t), len(order))
+    return order
+
+
+def _replay(
+    trace: list[tuple[float, ev.Event]], config: RolloutServerConfig, order: dict[int, int]
+) -> list[list[ev.Command]]:
+    """`trace` fed to the core of a served driver of `config` (built as `loom serve rollout`
+    builds it), its events' turns, engines and trajectories mapped to that core's own."""
+    core = RolloutDriver(config).core
+    mine: list[Turn] = []
+    outs: list[list[ev.Command]] = []
+    for now, event in trace:
+        e: ev.Event = event
+        if isinstance(event, ev.EngineAdded):
+            src = event.engine
+            core.fleet.next_idx()
+            e = ev.EngineAdded(
+                EngineState(
+                    idx=src.idx,
+                    id=src.id,
+                    config=src.config,
+                    client=None,
+                    model=src.model,
+                    capacity=Capacity(configured=src.config.max_running, kv_full=0.95),
+                )
+            )
+        elif isinstance(event, ev.EngineLoaded | ev.Probed):
+            e = type(event)(core.fleet.engines[event.engine.id], *_rest(event, 1))
+        elif isinstance(event, ev.Chunk | ev.AttemptDone | ev.AttemptRejected | ev.PriorityRefused):
+            e = type(event)(mine[order[id(event.turn)]], *_rest(event, 1))
+        elif isinstance(event, ev.Predicted):
+            t = core.trajectories.get(event.trajectory.key, event.trajectory)  # (ended: ignored)
+            e = ev.Predicted(t, event.steps, event.total)
+        out = core.handle(e, now)
+        for c in out:
+            if _turns(c):
+                mine.extend(c.value)  # type: ignore[attr-defined]
+        outs.append(out)
+    return outs
+
+
+@pytest.mark.parametrize(("placement", "scheduler"), [("least_load", "fcfs"), ("heddle", "pps")])
+def test_a_served_batch_ends_every_trajectory_the_same_at_the_same_seed(
+    placement: str, scheduler: str
+) -> None:
+    specs = _batch(60, seed=11)
+
+    def run() -> Any:
+        return ServedRollout(
+            specs,
+            [EmulatedEngineConfig(spec=SPEC)] * 3,
+            _config(placement, scheduler),
+            predictions=_predictions(specs),
+        ).run()
+
+    a, b = run(), run()
+    assert a.makespan_s == b.makespan_s and a.counts == b.counts
+    assert (a.finish_s == b.finish_s).all()
+    assert a.counts["turns"] == sum(len(s.turns) for s in specs)
+    assert a.counts["finished"] == len(specs) and a.counts["declared"] == len(specs)
+    assert a.output_tokens == sum(t.output_tokens for s in specs for t in s.turns)
+    assert a.makespan_s == pytest.approx(float(a.finish_s.max()))
+    assert a.counts["decisions"] >= a.counts["turns"]
