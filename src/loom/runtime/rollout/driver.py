@@ -41,7 +41,7 @@ from loom.runtime.rollout.prediction import OnlinePredictor, entry_spec, pending
 from loom.runtime.rollout.registry import ClientFactory, EngineRegistry, UnknownEngine
 from loom.runtime.rollout.state import EngineState, Trajectory, Turn
 from loom.runtime.rollout.tokenizer import LocalTokenizer, load_tokenizer
-from loom.runtime.rollout.turn import Delta, TurnRequest
+from loom.runtime.rollout.turn import Delta, Done, TurnRequest
 
 __all__ = [
     "BatchEntry",
@@ -326,7 +326,7 @@ class RolloutDriver:
             turn.rid(), turn.prompt + turn.generated, sampling, priority, turn.attempt_logprobs()
         )
         send = self.send
-        done = None
+        done: Done | None = None
         try:
             async for item in stream:
                 if turn.attempt != attempt:  # stopped (defensive: we were cancelled)
@@ -334,7 +334,7 @@ class RolloutDriver:
                 if type(item) is Delta:
                     send(ev.Chunk(turn, attempt, item))
                 else:
-                    done = item
+                    done = item  # type: ignore[assignment]
         except PriorityRefused as exc:
             refused = priority is not None
             send((ev.PriorityRefused if refused else ev.AttemptRejected)(turn, attempt, exc))

@@ -227,8 +227,11 @@ class ServedRollout:
         attempt = c.attempt
         # NOTE: the engine's worker calls back mid-iteration; the router hears of an end
         # after it, as a served router hears of it over HTTP
-        req.listener = lambda r: self.clock.after(0.0, self._done, turn, attempt, r)
+        req.listener = lambda r: self._heard(turn, attempt, r)
         self._reqs[turn.seq] = req
+
+    def _heard(self, turn: Turn, attempt: int, req: Request) -> None:
+        self.clock.after(0.0, self._done, turn, attempt, req)
 
     def _done(self, turn: Turn, attempt: int, req: Request) -> None:
         """An engine ended an attempt (a clock event, never inside `send`)."""
