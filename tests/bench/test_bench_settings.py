@@ -18,12 +18,14 @@ from loom.bench.settings import (
     router_config,
     router_setting,
     serve_flags,
+    simulated_engines,
     simulated_router,
-    simulator_config,
 )
 from loom.core.errors import ConfigError
 from loom.core.topology import GpuType
+from loom.rollout.engine_queue import EngineSchedulingPolicy
 from loom.rollout.policy import PlacementKind, SchedulerKind
+from loom.runtime.emulate.config import EmulatedEngineConfig
 from loom.runtime.rollout.policies import make_router
 
 EMULATED = RouterSetup(
@@ -159,17 +161,19 @@ def test_a_router_setting_reaches_the_simulated_policy() -> None:
 
 
 def test_the_emulated_engines_as_the_simulator_models_them() -> None:
-    sim = simulator_config(EMULATED, max_running=256, dispatch_s=0.009, decision_s=0.05)
-    assert (sim.model, sim.gpu) == ("qwen3-14b", GpuType.H100)
-    assert sim.max_running == 256  # the engines' own cap, not the router's
-    assert sim.dispatch_delay_s == 0.009 and sim.router_decision_s == 0.05
-    assert sim.migrate_kv is False and sim.gate_moves is True
-    assert sim.decode_reserve == 2048  # the simulator's own
+    engines = simulated_engines(EMULATED, 3, max_running=256)
+    assert len(engines) == 3
+    e = engines[0]
+    assert (e.spec.model, e.spec.gpu, e.spec.tp) == ("qwen3-14b", GpuType.H100, 2)
+    assert e.max_running == 256  # the engines' own cap, not the router's
+    assert e.scheduling_policy is EngineSchedulingPolicy.PRIORITY  # the setup sends priorities
+    assert e.decode_reserve == EmulatedEngineConfig(spec=e.spec).decode_reserve
+    router = simulated_router(EMULATED, "heddle", "pps", 3)
+    assert [(c.max_running, c.queue, c.tp) for c in router.engines] == [(1024, 2, 2)] * 3
 
 
 def test_the_profiled_engines_as_the_simulator_models_them() -> None:
-    sim = simulator_config(PROFILED, decode_reserve=256)
-    assert sim.max_running == 4  # the router's admission cap
-    assert sim.decode_reserve == 256
-    assert sim.migrate_kv is False and sim.gate_moves is True
-    assert sim.dispatch_delay_s == 0.0 and sim.router_decision_s == 0.0
+    (e,) = simulated_engines(PROFILED, 1, decode_reserve=256)
+    assert e.max_running == 4  # the router's admission cap
+    assert e.decode_reserve == 256
+    assert e.scheduling_policy is EngineSchedulingPolicy.FCFS  # it refuses priorities

@@ -1,7 +1,5 @@
 """Invariants of the rollout simulator under every scheduler and router."""
 
-import math
-
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -12,8 +10,7 @@ from loom.core.trajectory import TrajectorySpec, TurnSpec, WorkloadKind
 from loom.rollout.baselines import CacheAwareRouter, HybridRouter, LeastLoadRouter
 from loom.rollout.heddle.planner import DegreeCostModel
 from loom.rollout.heddle.router import HeddleRouter
-from loom.rollout.moves import slot_wait_s
-from loom.rollout.policy import SCHEDULERS, Router, SchedulerKind, WorkerLayout
+from loom.rollout.policy import SCHEDULERS, SchedulerKind, WorkerLayout
 from loom.sim.rollout import RolloutConfig, RolloutSimulator
 from loom.sim.workloads import AgenticWorkload
 
@@ -231,153 +228,3 @@ def test_router_decisions_are_one_at_a_time():
 def test_dispatch_delay_must_be_a_time(bad, name):
     with pytest.raises(ConfigError, match=name):
         RolloutConfig(**{name: bad})
-
-
-class _Flipper(Router):
-    """Every trajectory starts on worker 0 and, at each tool call and whenever it waits in a
-    queue (`stale` names every trajectory after each turn), asks to move to the other worker;
-    it moves only where `move_pays` (when injected) says so. Counts asks and moves."""
-
-    def __init__(self) -> None:
-        self.homes: dict[int, int] = {}
-        self.asked = self.moved = 0
-
-    def stale(self):
-        return list(self.homes)
-
-    def route(self, t, workers, now):
-        return self.homes.setdefault(t.traj_id, 0)
-
-    def migrate(self, t, workers, now):
-        home = self.homes.setdefault(t.traj_id, 0)
-        other = 1 - home
-        self.asked += 1
-        if self.move_pays is not None and not self.move_pays(t, home, other):
-            return None
-        self.moved += 1
-        self.homes[t.traj_id] = other
-        return other
-
-
-def _flip(trajs, **cfg):
-    router = _Flipper()
-    cfg = RolloutConfig(model="qwen3-8b", migrate_kv=False, **cfg)
-    res = RolloutSimulator(
-        trajs, WorkerLayout(degrees=(1, 1)), SCHEDULERS.get("fcfs")(), router, cfg
-    ).run()
-    assert res.output_tokens == sum(t.output_tokens for t in trajs)  # nothing lost
-    assert np.all(np.isfinite(res.finish_s))
-    return router, res
-
-
-def _agents(n, turns=3):
-    return [
-        TrajectorySpec(
-            traj_id=i,
-            prompt_id=i,
-            sample_idx=0,
-            workload=WorkloadKind.CODING,
-            turns=(
-                *(TurnSpec(2048 if k == 0 else 256, 256, 1.0) for k in range(turns - 1)),
-                TurnSpec(256, 256, None),
-            ),
-        )
-        for i in range(n)
-    ]
-
-
-def test_gated_moves_that_save_no_wait_are_declined():
-    # Workers with room for every turn: a move saves no slot wait and would prefill the
-    # context again, so the served router's rule declines every one; the run is the run of
-    # a router that never moves. Without the gate (the papers' simulations) each ask moves.
-    # Turns that reach a worker mid-iteration wait for its next one with slots free: the
-    # router would have sent them on at once, so that wait is none of its slot waits.
-    trajs = _agents(8)
-    gated, res = _flip(trajs, gate_moves=True)
-    assert gated.asked > 0 and gated.moved == 0
-    stay = RolloutSimulator(
-        trajs,
-        WorkerLayout(degrees=(1, 1)),
-        SCHEDULERS.get("fcfs")(),
-        _Stay(),
-        RolloutConfig(model="qwen3-8b", migrate_kv=False),
-    ).run()
-    assert res.makespan_s == pytest.approx(stay.makespan_s, rel=1e-12)
-    assert res.prefill_tokens == stay.prefill_tokens
-    free, moved = _flip(trajs)
-    assert free.moved == free.asked > 0 and moved.prefill_tokens > res.prefill_tokens
-
-
-def test_gated_moves_leave_a_long_queue_where_the_wait_pays():
-    # One turn at a time per worker and every trajectory homed on worker 0: turns queue
-    # there behind each other while worker 1 idles, so moving pays for its prefill.
-    gated, res = _flip(_agents(8), gate_moves=True, max_running=1)
-    assert gated.moved > 0
-    stay = RolloutSimulator(
-        _agents(8),
-        WorkerLayout(degrees=(1, 1)),
-        SCHEDULERS.get("fcfs")(),
-        _Stay(),
-        RolloutConfig(model="qwen3-8b", migrate_kv=False, max_running=1),
-    ).run()
-    assert res.makespan_s < stay.makespan_s
-
-
-class _Stay(Router):
-    def route(self, t, workers, now):
-        return 0
-
-
-def test_gated_slot_wait_counts_only_turns_beyond_what_the_router_would_forward():
-    # The router forwards a turn at once while its engine runs fewer than `max_running` of
-    # its turns; a simulated worker admits at its next iteration, so turns that arrived since
-    # wait in its queue with slots free. Those are no slot wait; turns beyond the cap are.
-    trajs = _agents(6)
-    cfg = RolloutConfig(model="qwen3-8b", migrate_kv=False, gate_moves=True, max_running=4)
-    sim = RolloutSimulator(
-        trajs, WorkerLayout(degrees=(1, 1)), SCHEDULERS.get("fcfs")(), _Stay(), cfg
-    )
-    w = sim.workers[0]
-    for t in sim.trajs[:3]:
-        w.enqueue(t, poke=False)
-    assert len(w.waiting) == 3 and not w.running
-    assert sim._slot_wait(w) == 0.0
-    for t in sim.trajs[3:]:
-        w.enqueue(t, poke=False)
-    assert sim._slot_wait(w) == math.inf  # two beyond the cap, and no turn has ended yet
-    sim._pace[0].turn_s = 2.0
-    assert sim._slot_wait(w) == slot_wait_s(0, 2.0, 2)
-
-
-def test_gated_moves_pay_by_their_pace_where_no_turn_waits():
-    # Room for every turn, but every trajectory starts on worker 0: with long predicted
-    # remainders, decoding them on the less loaded worker repays prefilling their contexts
-    # there, so some move; predicted to end now, none do. Nothing is lost either way.
-    def flip(preds):
-        router = _Flipper()
-        cfg = RolloutConfig(model="qwen3-8b", migrate_kv=False, gate_moves=True)
-        res = RolloutSimulator(
-            _agents(8), WorkerLayout(degrees=(1, 1)), SCHEDULERS.get("fcfs")(), router, cfg,
-            predictions=preds,
-        ).run()  # fmt: skip
-        return router, res
-
-    trajs = _agents(8)
-    long, res = flip([(1e5,) * t.num_turns for t in trajs])
-    assert long.moved > 0
-    done, stay = flip([(0.0,) * t.num_turns for t in trajs])
-    assert done.asked > 0 and done.moved == 0
-    assert res.output_tokens == stay.output_tokens == sum(t.output_tokens for t in trajs)
-
-
-def test_a_lone_trajectory_gains_no_pace_by_moving_between_idle_workers():
-    # Alone on two idle workers, its step is the same either side: with a long remainder it
-    # still stays (the router counts a trajectory once, not again among the turns just ended).
-    trajs = _agents(1)
-    router = _Flipper()
-    cfg = RolloutConfig(model="qwen3-8b", migrate_kv=False, gate_moves=True)
-    RolloutSimulator(
-        trajs, WorkerLayout(degrees=(1, 1)), SCHEDULERS.get("fcfs")(), router, cfg,
-        predictions=[(1e5,) * trajs[0].num_turns],
-    ).run()  # fmt: skip
-    assert router.asked > 0 and router.moved == 0

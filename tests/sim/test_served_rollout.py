@@ -9,12 +9,14 @@ from typing import Any
 
 import pytest
 
-from loom.core.trajectory import TrajectorySpec, TurnSpec
+from loom.core.trajectory import TrajectorySpec, TurnSpec, WorkloadKind
+from loom.rollout.policy import Router
 from loom.runtime.emulate.config import EmulatedEngineConfig, EmulationSpec
 from loom.runtime.rollout import events as ev
 from loom.runtime.rollout.admission import Capacity
 from loom.runtime.rollout.config import EngineConfig, RolloutServerConfig
 from loom.runtime.rollout.driver import RolloutDriver
+from loom.runtime.rollout.policies import make_core
 from loom.runtime.rollout.state import EngineState, Trajectory, Turn
 from loom.sim.rollout.served import ServedRollout
 
@@ -214,3 +216,117 @@ def test_a_served_batch_ends_every_trajectory_the_same_at_the_same_seed(
     assert a.output_tokens == sum(t.output_tokens for s in specs for t in s.turns)
     assert a.makespan_s == pytest.approx(float(a.finish_s.max()))
     assert a.counts["decisions"] >= a.counts["turns"]
+
+
+# ---- the move rule, as the core applies it on simulated engines ----------------------------
+
+
+class _Flipper(Router):
+    """Every trajectory starts on engine 0 and, whenever the core asks (`stale` names every
+    trajectory), asks to move to the other engine; it moves only where `move_pays` says so.
+    Counts asks and moves."""
+
+    def __init__(self) -> None:
+        self.homes: dict[int, int] = {}
+        self.asked = self.moved = 0
+
+    def stale(self) -> list[int]:
+        return list(self.homes)
+
+    def route(self, t: Any, workers: Any, now: float) -> int:
+        return self.homes.setdefault(t.traj_id, 0)
+
+    def migrate(self, t: Any, workers: Any, now: float) -> int | None:
+        home = self.homes.setdefault(t.traj_id, 0)
+        other = 1 - home
+        self.asked += 1
+        if self.move_pays is not None and not self.move_pays(t, home, other):
+            return None
+        self.moved += 1
+        self.homes[t.traj_id] = other
+        return other
+
+
+class _Stay(Router):
+    def route(self, t: Any, workers: Any, now: float) -> int:
+        return 0
+
+
+def _agents(n: int, turns: int = 3) -> list[TrajectorySpec]:
+    return [
+        TrajectorySpec(
+            traj_id=i,
+            prompt_id=i,
+            sample_idx=0,
+            workload=WorkloadKind.CODING,
+            turns=(
+                *(TurnSpec(2048 if k == 0 else 256, 256, 1.0) for k in range(turns - 1)),
+                TurnSpec(256, 256, None),
+            ),
+        )
+        for i in range(n)
+    ]
+
+
+def _served(
+    specs: list[TrajectorySpec],
+    router: Router,
+    *,
+    cap: int = 64,
+    engines: int = 2,
+    predictions: list[list[float]] | None = None,
+) -> Any:
+    config = _config("least_load", "fcfs", engines=engines, cap=cap)
+    res = ServedRollout(
+        specs,
+        [EmulatedEngineConfig(spec=SPEC)] * engines,
+        config,
+        predictions=predictions,
+        core=lambda cfg: make_core(cfg, router=router),
+    ).run()
+    assert res.output_tokens == sum(t.output_tokens for s in specs for t in s.turns)
+    return res
+
+
+def test_moves_that_save_no_wait_are_declined() -> None:
+    # Engines with room for every turn: a move saves no slot wait and would prefill the
+    # context again, so the core declines every one: the run is that of a router that never
+    # moves.
+    flipper = _Flipper()
+    res = _served(_agents(8), flipper)
+    assert flipper.asked > 0 and flipper.moved == 0
+    assert res.counts["migrations_declined"] == flipper.asked
+    stay = _served(_agents(8), _Stay())
+    assert res.makespan_s == pytest.approx(stay.makespan_s, rel=1e-12)
+
+
+def test_waiting_turns_leave_a_long_queue_for_an_idle_engine() -> None:
+    # One turn at a time per engine and every trajectory homed on engine 0: turns queue
+    # there while engine 1 idles; the core sends them on (late binding, or a move that
+    # pays), and the batch ends well before it would on engine 0 alone.
+    flipper = _Flipper()
+    res = _served(_agents(8), flipper, cap=1)
+    assert res.counts["late_bindings"] + flipper.moved > 0
+    alone = _served(_agents(8), _Stay(), cap=1, engines=1)
+    assert res.makespan_s < 0.8 * alone.makespan_s
+
+
+def test_moves_pay_by_their_pace_where_no_turn_waits() -> None:
+    # Room for every turn, but every trajectory starts on engine 0: with long predicted
+    # remainders, decoding them on the idle engine repays prefilling their contexts there,
+    # so some move; predicted to end now, none do.
+    specs = _agents(8)
+    long, done = _Flipper(), _Flipper()
+    _served(specs, long, predictions=[[1e5] * len(s.turns) for s in specs])
+    assert long.moved > 0
+    _served(specs, done, predictions=[[0.0] * len(s.turns) for s in specs])
+    assert done.asked > 0 and done.moved == 0
+
+
+def test_a_lone_trajectory_gains_no_pace_by_moving_between_idle_engines() -> None:
+    # Alone on two idle engines its step is the same either side: with a long remainder it
+    # still stays (in its tool call it runs nowhere, so it counts on neither side).
+    specs = _agents(1)
+    flipper = _Flipper()
+    _served(specs, flipper, predictions=[[1e5] * len(specs[0].turns)])
+    assert flipper.asked > 0 and flipper.moved == 0

@@ -1,7 +1,7 @@
 """How a benchmark sets Loom's router over its engines (`RouterSetup`), and the same settings
-as the rollout simulator sees them: the router's own settings for its policies, and the
-engines' as the simulator's `RolloutConfig` — so that a real run and a simulated run of one
-batch differ only by what the router and the network add."""
+as the simulator's served rollout sees them: the router's own settings (`simulated_router`)
+and the engines' (`simulated_engines`) — so that a real run and a simulated run of one batch
+differ only by what the HTTP path and the engines' wall clock add."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from loom.rollout.policy import PlacementKind, SchedulerKind
 from loom.runtime.rollout.config import EngineConfig, RolloutServerConfig, parse_engine
 
 if TYPE_CHECKING:
-    from loom.sim.rollout.simulator import RolloutConfig
+    from loom.runtime.emulate.config import EmulatedEngineConfig
 
 __all__ = [
     "BENCH_SETS",
@@ -32,8 +32,8 @@ __all__ = [
     "router_config",
     "router_setting",
     "serve_flags",
+    "simulated_engines",
     "simulated_router",
-    "simulator_config",
 ]
 
 # the router settings each system and setting of the benchmark sets itself
@@ -184,39 +184,46 @@ def simulated_router(
         scheduler=SchedulerKind(scheduler),
         profiles=setup.profiles,
         engines=tuple(
-            EngineConfig(url=f"http://sim{i}", max_running=setup.max_running, tp=setup.tp)
+            EngineConfig(
+                url=f"http://sim{i}", max_running=setup.max_running, queue=setup.queue, tp=setup.tp
+            )
             for i in range(n_engines)
         ),
         **setup.cost_model(),
     )
 
 
-def simulator_config(
+def simulated_engines(
     setup: RouterSetup,
+    n_engines: int,
     *,
     max_running: int | None = None,
     decode_reserve: int | None = None,
-    dispatch_s: float = 0.0,
-    decision_s: float = 0.0,
-) -> RolloutConfig:
-    """The simulated engines of `setup`: the emulated GPU's model and type where it has one;
-    `max_running` turns each (default: the router's cap; an emulated engine's own cap where
-    the router's is higher); `decode_reserve` KV tokens a turn reserves (default: the
-    simulator's); KV caches that do not move (the router cannot move them) and moves that
-    pay for their prefill (`gate_moves`, as the served router decides them). `dispatch_s`:
-    seconds from a turn being ready to its engine (HTTP round trips), `decision_s`: the
-    router's seconds per turn, one turn at a time."""
-    from loom.sim.rollout.simulator import RolloutConfig
+) -> list[EmulatedEngineConfig]:
+    """The engines of `setup` as the simulator's served rollout runs them (the emulated
+    engine's state): the emulated GPU's model, type and degree (a profile's latency model
+    replaces the roofline where the setup has profiles: `simulate`); `max_running` requests
+    each (default: the router's cap); `decode_reserve` KV tokens a request reserves (default:
+    the emulated engine's); scheduling by the request's priority where the setup sends it."""
+    from loom.rollout.engine_queue import EngineSchedulingPolicy
+    from loom.runtime.emulate.config import EmulatedEngineConfig, EmulationSpec
 
+    spec = EmulationSpec(
+        model=setup.model or EmulationSpec.parse(DEFAULT_EMULATION).model,
+        gpu=GpuType(setup.gpu or EmulationSpec.parse(DEFAULT_EMULATION).gpu),
+        tp=setup.tp,
+    )
     values: dict[str, Any] = {
+        "spec": spec,
         "max_running": setup.max_running if max_running is None else max_running,
-        "migrate_kv": False,
-        "gate_moves": True,
-        "dispatch_delay_s": dispatch_s,
-        "router_decision_s": decision_s,
+        "scheduling_policy": EngineSchedulingPolicy.PRIORITY
+        if setup.priority
+        else EngineSchedulingPolicy.FCFS,
     }
-    if setup.model is not None and setup.gpu is not None:
-        values |= {"model": setup.model, "gpu": GpuType(setup.gpu)}
     if decode_reserve is not None:
         values["decode_reserve"] = decode_reserve
-    return RolloutConfig(**values)
+    return [EmulatedEngineConfig(**values) for _ in range(n_engines)]
+
+
+# what names a profiled engine's emulation (its timing and KV capacity are the profile's)
+DEFAULT_EMULATION = "qwen3-8b@h100"

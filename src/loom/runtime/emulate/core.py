@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loom.core.errors import InvalidRequest
 from loom.core.trajectory import TrajectorySpec, TrajectoryStatus, TurnSpec
@@ -25,6 +25,9 @@ from loom.runtime.emulate.tokens import Generation, generate
 from loom.sim.engine import Engine
 from loom.sim.rollout.state import TrajState
 from loom.sim.rollout.worker import Worker
+
+if TYPE_CHECKING:
+    from loom.perf.latency import LatencyModel
 
 __all__ = ["EmulatedEngine", "Request"]
 
@@ -83,11 +86,15 @@ class Request:
 class EmulatedEngine:
     """Requests in, the worker's timing out. Callers advance the clock before each call."""
 
-    def __init__(self, config: EmulatedEngineConfig, clock: Engine) -> None:
+    def __init__(
+        self, config: EmulatedEngineConfig, clock: Engine, latency: LatencyModel | None = None
+    ) -> None:
+        """`latency`: the worker's latency model (default: the roofline of `config.spec`;
+        a measured profile in the simulator's runs of a profiled engine)."""
         self.cfg = config
         self.eng = clock
         self.queue = EngineQueue(policy=config.scheduling_policy)
-        self.latency = config.latency()
+        self.latency = latency or config.latency()
         self.worker = Worker(
             idx=0,
             tp=config.spec.tp,

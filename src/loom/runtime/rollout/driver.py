@@ -14,14 +14,13 @@ import asyncio
 import contextlib
 import functools
 import logging
-import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
 
-from loom.core.errors import InvalidRequest, Unavailable
+from loom.core.errors import Unavailable
 from loom.rollout.policy import Router, TurnScheduler
 from loom.runtime.rollout import events as ev
 from loom.runtime.rollout.config import EngineConfig, EngineKind, RolloutServerConfig
@@ -37,11 +36,12 @@ from loom.runtime.rollout.engines import (
 from loom.runtime.rollout.events import BatchEntry
 from loom.runtime.rollout.metrics import RouterMetrics
 from loom.runtime.rollout.policies import check_config, make_core, stable_id
-from loom.runtime.rollout.prediction import OnlinePredictor, entry_spec, pending_spec
+from loom.runtime.rollout.prediction import Forecasts, OnlinePredictor
 from loom.runtime.rollout.registry import ClientFactory, EngineRegistry, UnknownEngine
 from loom.runtime.rollout.state import EngineState, Trajectory, Turn
 from loom.runtime.rollout.tokenizer import LocalTokenizer, load_tokenizer
 from loom.runtime.rollout.turn import Delta, Done, TurnRequest
+from loom.runtime.rollout.views import engine_view, stats
 
 __all__ = [
     "BatchEntry",
@@ -84,18 +84,16 @@ class RolloutDriver:
         self.tokenizer: LocalTokenizer | None = None
         self._tokenizer_tried = False
         self._attempts: dict[int, asyncio.Task[None]] = {}  # by turn seq: its running attempt
-        self._to_predict: dict[int, Trajectory] = {}  # in a tool call, wanting a prediction
-        self._predict_wanted = asyncio.Event()
         self._wake_at = 0.0
         self._session: aiohttp.ClientSession | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._fitting = False
+        self.forecasts = Forecasts(self.predictor, config.refit_every, self._spawn)
         self._execute: dict[type, Callable[[Any], None]] = {
             ev.Start: self._start,
             ev.Stop: self._stop,
             ev.Probe: self._probe,
-            ev.Predict: self._predict,
-            ev.Record: self._record,
+            ev.Predict: lambda c: self.forecasts.ask(c.trajectory),
+            ev.Record: lambda c: self.forecasts.learn(c.trajectory),
             ev.TurnEnded: self._ended,
             ev.Stream: self._stream,
             ev.WakeAt: self._wake,
@@ -182,9 +180,8 @@ class RolloutDriver:
         self._spawn(self.registry.health_loop(self.send))
         self._spawn(self.registry.load_loop(self.send))
         self._spawn(self._tick_loop())
-        self._spawn(self._predict_loop())
-        if self.predictor.due(cfg.refit_every):
-            self._spawn(self._refit())
+        self._spawn(self.forecasts.loop(self.send))
+        self.forecasts.refit_if_due()
 
     async def close(self) -> None:
         """Stop: every held, queued and running turn ends (with an error for the client),
@@ -283,15 +280,6 @@ class RolloutDriver:
     def _probe(self, c: ev.Probe) -> None:
         self._spawn(self._probe_health(c.engine, c.reason))
 
-    def _predict(self, c: ev.Predict) -> None:
-        self._to_predict[c.trajectory.traj_id] = c.trajectory  # the newest ask wins
-        self._predict_wanted.set()
-
-    def _record(self, c: ev.Record) -> None:
-        self.predictor.record(c.trajectory)
-        if self.predictor.due(self.config.refit_every) and not self._fitting:
-            self._spawn(self._refit())
-
     def _ended(self, c: ev.TurnEnded) -> None:
         turn = c.turn
         self._attempts.pop(turn.seq, None)
@@ -362,42 +350,6 @@ class RolloutDriver:
         ok = await _client(e).health(self.config.engine_call_timeout_s)
         self.send(ev.Probed(e, ok, reason))
 
-    async def _predict_loop(self) -> None:
-        """Predict anew the trajectories that finished a turn (during their tool call).
-        NOTE: one batch at a time off the event loop, the newest ask per trajectory: when
-        turns end faster than the model predicts, asks coalesce instead of queueing."""
-        while True:
-            await self._predict_wanted.wait()
-            self._predict_wanted.clear()
-            while self._to_predict:
-                batch = list(self._to_predict.values())[:256]
-                for t in batch:
-                    del self._to_predict[t.traj_id]
-                steps = [t.steps_done for t in batch]
-                if self.predictor.model is not None:
-                    specs = [pending_spec(t) for t in batch]
-                    preds = await asyncio.get_running_loop().run_in_executor(
-                        None, self.predictor.predict_many, specs, [t.generated for t in batch]
-                    )
-                else:
-                    preds = [self.predictor.fallback(t.prompt_id, t.generated) for t in batch]
-                for t, n, pred in zip(batch, steps, preds, strict=True):
-                    self.send(ev.Predicted(t, n, pred))
-
-    async def _refit(self) -> None:
-        self._fitting = True
-        try:
-            history = list(self.predictor.history)
-            model = await asyncio.get_running_loop().run_in_executor(
-                None, self.predictor.fit, history
-            )
-            self.predictor.install(model)
-            log.info("predictor refitted on %d trajectories", len(history))
-        except Exception:
-            log.exception("predictor refit failed; keeping the previous model")
-        finally:
-            self._fitting = False
-
     # ---- trajectories and turns --------------------------------------------------------
 
     async def declare(self, entries: Sequence[BatchEntry]) -> dict[str, str]:
@@ -406,12 +358,7 @@ class RolloutDriver:
         places turns only when they are ready)."""
         if not self.live():
             raise Unavailable("no live engine: add one with POST /v1/engines")
-        predicted = None
-        if self.predictor.model is not None and entries:
-            specs = [entry_spec(b.prompt_id, b.prompt_tokens) for b in entries]
-            predicted = await asyncio.get_running_loop().run_in_executor(
-                None, self.predictor.predict_many, specs, [0] * len(specs)
-            )
+        predicted = await self.forecasts.first([(b.prompt_id, b.prompt_tokens) for b in entries])
         homes: dict[str, str] = self.send(ev.Declare(tuple(entries), predicted))
         return homes
 
@@ -448,36 +395,14 @@ class RolloutDriver:
 
     async def tokenize(self, body: Mapping[str, Any]) -> list[int]:
         """Token ids of a text prompt ({"prompt", "add_special_tokens"}) or a chat request
-        ({"messages", ...}): by the router's tokenizer, else by a live engine's `/tokenize`
-        (each engine tried in turn, each call with a deadline)."""
+        ({"messages", ...}): by the router's tokenizer, else by a live engine's `/tokenize`."""
         if self.tokenizer is not None:
             if "messages" in body:
                 return self.tokenizer.chat(body)
             return self.tokenizer.encode(body["prompt"], bool(body.get("add_special_tokens", True)))
-        live = self.live()
-        if "messages" in body:
-            live = [e for e in live if e.config.kind is EngineKind.VLLM]
-            if not live:
-                raise InvalidRequest(
-                    "chat needs the router's tokenizer (set `tokenizer`) or a vLLM engine"
-                )
-        errors = []
-        for e in sorted(live, key=lambda e: (e.failures, e.load, e.idx)):
-            try:
-                ids = await _client(e).tokenize(body)
-            except EngineUnreachable as exc:
-                self.send(ev.EngineDown(e, str(exc)))
-                errors.append(str(exc))
-                continue
-            except EngineError as exc:
-                errors.append(str(exc))
-                self.send(ev.Suspect(e, str(exc)))
-                continue
-            self.counts["engine_tokenized"] += 1
-            return ids
-        if not errors:
-            raise Unavailable("no live engine: add one with POST /v1/engines")
-        raise EngineError(f"no engine could tokenize the prompt: {'; '.join(errors)}")
+        ids = await self.registry.tokenize(body, self.send)
+        self.counts["engine_tokenized"] += 1
+        return ids
 
     # ---- views -------------------------------------------------------------------------
 
@@ -485,28 +410,7 @@ class RolloutDriver:
         return engine_view(e)
 
     def stats(self) -> dict[str, Any]:
-        ledger = self.core.ledger
-        return {
-            "model": self.model,
-            "placement": self.config.placement.value,
-            "scheduler": self.config.scheduler.value,
-            "tokenizer": self.tokenizer.source if self.tokenizer is not None else None,
-            "engines": {e.id: engine_view(e) for e in self.engines.values()},
-            "weights_version": self.version,
-            "held": self.held(),
-            "policy": dict(ledger.counts),
-            "reprefill_tokens": dict(ledger.reprefill),
-            "timing": dict(ledger.timing),
-            "trajectories": {
-                "active": len(self.trajectories),
-                "in_flight": sum(1 for t in self.trajectories.values() if t.active),
-            },
-            "predictor": {
-                "history": len(self.predictor.history),
-                "fitted": self.predictor.model is not None,
-                "fits": self.predictor.fits,
-            },
-        }
+        return stats(self)
 
 
 def _client(e: EngineState) -> EngineClient:
@@ -522,40 +426,3 @@ def _watch(turn: Turn) -> Turn:
         if turn.request.stream:
             turn.updates = asyncio.Queue()
     return turn
-
-
-def engine_view(e: EngineState) -> dict[str, Any]:
-    """An engine as `/v1/engines` and `/v1/stats` show it."""
-    return {
-        "url": e.config.url,
-        "kind": e.config.kind.value,
-        "tp": e.tp,
-        "alive": e.alive,
-        "draining": e.draining,
-        "max_running": e.max_running,
-        "limit": e.limit if math.isfinite(e.limit) else None,
-        "priority": e.send_priority,
-        "reported": None
-        if e.reported is None
-        else {
-            "running": e.reported.running,
-            "waiting": e.reported.waiting,
-            "kv_usage": e.reported.kv_usage,
-        },
-        "turn_s": e.pace.turn_s,  # its measured pace (moving averages; None: not yet)
-        "start_s": e.pace.start_s,  # an attempt's start to its first token
-        "token_s": e.pace.token_s,  # per decoded token after the first
-        "running": len(e.running),
-        "waiting": len(e.waiting),
-        "load": e.load,
-        "admitted": e.admitted,
-        "completed": e.completed,
-        "preempted": e.preempted,
-        "failed_turns": e.failed_turns,
-        "tokens": e.tokens,
-        "lent": e.lent,
-        "version": e.version,
-        "free_tokens": e.free_tokens,
-        "slack_s": e.reported_slack_s if math.isfinite(e.reported_slack_s) else None,
-        "stalled": e.stalled,
-    }

@@ -12,12 +12,13 @@ far — always more than what the trajectory has already generated.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -28,7 +29,14 @@ from loom.rollout.history import TrajectoryRecord, write_history
 if TYPE_CHECKING:
     from loom.runtime.rollout.state import Trajectory
 
-__all__ = ["MIN_HISTORY", "OnlinePredictor", "entry_spec", "pending_spec", "trajectory_spec"]
+__all__ = [
+    "MIN_HISTORY",
+    "Forecasts",
+    "OnlinePredictor",
+    "entry_spec",
+    "pending_spec",
+    "trajectory_spec",
+]
 
 log = logging.getLogger("loom.rollout")
 
@@ -186,3 +194,81 @@ class OnlinePredictor:
             return [self.fallback(s.prompt_id, g) for s, g in zip(specs, generated, strict=True)]
         totals = model.predict_last(list(specs))
         return [max(total, g + 1.0) for total, g in zip(totals, generated, strict=True)]
+
+
+class Forecasts:
+    """The predictor as the driver runs it: the predictions the core asks for (`Predict`),
+    made off the event loop in batches and answered with `Predicted`; what ended trajectories
+    teach it (`Record`); and refits as its history grows. NOTE: one batch at a time, the
+    newest ask per trajectory: when turns end faster than the model predicts, asks coalesce
+    instead of queueing without bound."""
+
+    def __init__(
+        self,
+        predictor: OnlinePredictor,
+        refit_every: int,
+        spawn: Callable[[Any], asyncio.Task[Any]],
+    ) -> None:
+        self.predictor = predictor
+        self.refit_every = refit_every
+        self._spawn = spawn
+        self._asked: dict[int, Trajectory] = {}
+        self._wanted = asyncio.Event()
+        self._fitting = False
+
+    def ask(self, t: Trajectory) -> None:
+        self._asked[t.traj_id] = t  # the newest ask wins
+        self._wanted.set()
+
+    def learn(self, t: Trajectory) -> None:
+        self.predictor.record(t)
+        self.refit_if_due()
+
+    def refit_if_due(self) -> None:
+        if self.predictor.due(self.refit_every) and not self._fitting:
+            self._fitting = True
+            self._spawn(self._refit())
+
+    async def first(self, entries: Sequence[tuple[int, int]]) -> list[float] | None:
+        """Predicted totals of declared trajectories, (prompt id, prompt tokens) each,
+        before their first turn (None: no model yet, the core's prior stands)."""
+        if self.predictor.model is None or not entries:
+            return None
+        specs = [entry_spec(pid, n) for pid, n in entries]
+        return await asyncio.get_running_loop().run_in_executor(
+            None, self.predictor.predict_many, specs, [0] * len(specs)
+        )
+
+    async def loop(self, send: Callable[[Any], Any]) -> None:
+        from loom.runtime.rollout.events import Predicted
+
+        while True:
+            await self._wanted.wait()
+            self._wanted.clear()
+            while self._asked:
+                batch = list(self._asked.values())[:256]
+                for t in batch:
+                    del self._asked[t.traj_id]
+                steps = [t.steps_done for t in batch]
+                if self.predictor.model is not None:
+                    specs = [pending_spec(t) for t in batch]
+                    preds = await asyncio.get_running_loop().run_in_executor(
+                        None, self.predictor.predict_many, specs, [t.generated for t in batch]
+                    )
+                else:
+                    preds = [self.predictor.fallback(t.prompt_id, t.generated) for t in batch]
+                for t, n, pred in zip(batch, steps, preds, strict=True):
+                    send(Predicted(t, n, pred))
+
+    async def _refit(self) -> None:
+        try:
+            history = list(self.predictor.history)
+            model = await asyncio.get_running_loop().run_in_executor(
+                None, self.predictor.fit, history
+            )
+            self.predictor.install(model)
+            log.info("predictor refitted on %d trajectories", len(history))
+        except Exception:
+            log.exception("predictor refit failed; keeping the previous model")
+        finally:
+            self._fitting = False

@@ -6,16 +6,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import aiohttp
 
-from loom.core.errors import Conflict, UpstreamError
+from loom.core.errors import Conflict, InvalidRequest, Unavailable, UpstreamError
 from loom.runtime.rollout import events as ev
 from loom.runtime.rollout.admission import Capacity
 from loom.runtime.rollout.config import EngineConfig, EngineKind, RolloutServerConfig
-from loom.runtime.rollout.engines import EngineClient, ModelInfo, make_engine, probe_kind
+from loom.runtime.rollout.engines import (
+    EngineClient,
+    EngineError,
+    EngineUnreachable,
+    ModelInfo,
+    make_engine,
+    probe_kind,
+)
 from loom.runtime.rollout.state import EngineState, Fleet, UnknownEngine
 
 __all__ = ["ClientFactory", "EngineRegistry", "UnknownEngine"]
@@ -87,6 +94,31 @@ class EngineRegistry:
     def kinds(self) -> frozenset[EngineKind]:
         """The dialects of the registered engines."""
         return self.fleet.kinds()
+
+    async def tokenize(self, body: Mapping[str, Any], send: Send) -> list[int]:
+        """Token ids by a live engine's `/tokenize`, each engine tried in turn (fewest failed
+        health checks, least load first), each call with a deadline; an engine that refuses
+        the connection is down, one that fails otherwise is checked now."""
+        live = self.fleet.live()
+        if "messages" in body:
+            live = [e for e in live if e.config.kind is EngineKind.VLLM]
+            if not live:
+                raise InvalidRequest(
+                    "chat needs the router's tokenizer (set `tokenizer`) or a vLLM engine"
+                )
+        errors = []
+        for e in sorted(live, key=lambda e: (e.failures, e.load, e.idx)):
+            try:
+                return await _client(e).tokenize(body)
+            except EngineUnreachable as exc:
+                send(ev.EngineDown(e, str(exc)))
+                errors.append(str(exc))
+            except EngineError as exc:
+                errors.append(str(exc))
+                send(ev.Suspect(e, str(exc)))
+        if not errors:
+            raise Unavailable("no live engine: add one with POST /v1/engines")
+        raise EngineError(f"no engine could tokenize the prompt: {'; '.join(errors)}")
 
     async def load_loop(self, send: Send) -> None:
         """Ask every live engine for its load each `load_interval_s`; an engine that says

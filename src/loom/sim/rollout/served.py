@@ -25,6 +25,7 @@ import numpy as np
 
 from loom.core.errors import ConfigError
 from loom.core.trajectory import TrajectorySpec
+from loom.perf.latency import LatencyModel
 from loom.runtime.emulate.config import EmulatedEngineConfig
 from loom.runtime.emulate.core import EmulatedEngine, Request
 from loom.runtime.rollout import events as ev
@@ -49,8 +50,20 @@ class ServedResult:
     output_tokens: int
     finish_s: np.ndarray  # per trajectory, by traj_id
     counts: dict[str, int]  # the core's ledger
-    reprefill: dict[str, int]
+    reprefill: dict[str, int]  # tokens prefilled again, by why (the core's reckoning)
+    prefill_tokens: int  # the engines': prefilled, recomputation included
+    cache_hit_tokens: int  # the engines': found in their prefix caches
+    engine_preemptions: int  # the engines' own (KV ran out), beside the core's
     events: int  # clock events run
+
+    @property
+    def preemptions(self) -> int:
+        """The core's (PPS evicting a running turn) and the engines' own."""
+        return self.counts["preemptions"] + self.engine_preemptions
+
+    @property
+    def migrations(self) -> int:
+        return self.counts["migrations"]
 
     @property
     def throughput_tok_s(self) -> float:
@@ -71,11 +84,14 @@ class ServedRollout:
     """Runs one batch; `run()` returns a `ServedResult`. One use per instance.
 
     `router`: the served router's settings (placement, scheduler, caps, cost model); its
-    `engines` are ignored: the engines are `engines`, in order. `predictions[i][k]`:
-    trajectory i's predicted total after k turns (the served router's predictor; None: its
-    prior). `core`: build the core otherwise (tests feed the served driver's). `trace`: a
-    list that gets every (time, event) the core handled, in order, and `commands` one that
-    gets each event's commands."""
+    `engines` give each engine's cap (`max_running`); the engines themselves are `engines`,
+    in order, each with the latency model `latency(tp)` where given (a measured profile)
+    else its roofline. `predictions[i][k]`: trajectory i's predicted total after k turns
+    (the served router's predictor; None: its prior). `dispatch_s`: seconds from a turn being
+    ready to the router (HTTP round trips); `decision_s`: the router's seconds per turn, one
+    turn at a time (its event loop). `core`: build the core otherwise (tests feed the served
+    driver's). `trace`: a list that gets every (time, event) the core handled, in order, and
+    `commands` one that gets each event's commands."""
 
     def __init__(
         self,
@@ -85,6 +101,8 @@ class ServedRollout:
         *,
         predictions: Sequence[Sequence[float]] | None = None,
         dispatch_s: float = 0.0,
+        decision_s: float = 0.0,
+        latency: Callable[[int], LatencyModel] | None = None,
         load_interval_s: float | None = None,
         core: Callable[[RolloutServerConfig], RouterCore] = make_core,
         trace: list[tuple[float, ev.Event]] | None = None,
@@ -98,15 +116,21 @@ class ServedRollout:
             raise ConfigError("trajectory ids must be 0..n-1")
         if predictions is not None and len(predictions) != len(trajectories):
             raise ConfigError("need one prediction sequence per trajectory")
-        if not dispatch_s >= 0:
-            raise ConfigError(f"dispatch_s must be >= 0, got {dispatch_s}")
+        for name, value in (("dispatch_s", dispatch_s), ("decision_s", decision_s)):
+            if not 0 <= value < float("inf"):
+                raise ConfigError(f"{name} must be a finite number >= 0, got {value}")
         self.clock = Engine()
         self.router = router
         self.core = core(router)
-        self.emus = [EmulatedEngine(cfg, self.clock) for cfg in engines]
+        self.emus = [
+            EmulatedEngine(cfg, self.clock, latency(cfg.spec.tp) if latency else None)
+            for cfg in engines
+        ]
         self.agents = [_Agent(t) for t in sorted(trajectories, key=lambda t: t.traj_id)]
         self.predictions = predictions
         self.dispatch_s = dispatch_s
+        self.decision_s = decision_s
+        self._router_free = 0.0  # when the router has decided every turn that reached it
         self.load_interval_s = (
             router.load_interval_s if load_interval_s is None else load_interval_s
         )
@@ -157,15 +181,9 @@ class ServedRollout:
             raise RuntimeError("a ServedRollout runs once; build a new one")
         self._ran = True
         for i, emu in enumerate(self.emus):
-            spec = emu.cfg.spec
-            cfg = EngineConfig(
-                url=f"http://sim{i}",
-                id=f"e{i}",
-                kind=EngineKind.VLLM,
-                tp=spec.tp,
-                max_running=self.router.engines[i].max_running
-                if i < len(self.router.engines)
-                else None,
+            given = self.router.engines[i] if i < len(self.router.engines) else None
+            cfg = (given or EngineConfig(url=f"http://sim{i}")).model_copy(
+                update={"id": f"e{i}", "kind": EngineKind.VLLM, "tp": emu.cfg.spec.tp}
             )
             self.send(ev.EngineAdded(_engine(self.core, cfg, emu)))
         first = None
@@ -177,7 +195,7 @@ class ServedRollout:
         ]
         self.send(ev.Declare(entries, first))
         for a in self.agents:
-            self.clock.after(self.dispatch_s, self._submit, a)
+            self._dispatch(a, 0.0)
         self.clock.after(self.load_interval_s, self._poll_load)
         self._wake(ev.WakeAt(0.0))
         self.clock.run()
@@ -191,8 +209,20 @@ class ServedRollout:
             finish_s=finish,
             counts=dict(ledger.counts),
             reprefill=dict(ledger.reprefill),
+            prefill_tokens=sum(e.worker.prefill_tokens for e in self.emus),
+            cache_hit_tokens=sum(e.worker.cached_hit_tokens for e in self.emus),
+            engine_preemptions=sum(e.worker.preemptions for e in self.emus),
             events=self.clock.events_run,
         )
+
+    def _dispatch(self, a: _Agent, delay: float) -> None:
+        """`a`'s next turn reaches the router `delay` + `dispatch_s` from now and is decided
+        once the router has decided those before it."""
+        arrive = self.clock.now + delay + self.dispatch_s
+        if self.decision_s > 0:
+            self._router_free = max(arrive, self._router_free) + self.decision_s
+            arrive = self._router_free
+        self.clock.schedule(arrive, self._submit, a)
 
     def _submit(self, a: _Agent) -> None:
         turn = a.spec.turns[a.step]
@@ -265,7 +295,7 @@ class ServedRollout:
             self._later(ev.EndTrajectory(turn.traj.key))
             return
         assert spec.tool_latency_s is not None
-        self.clock.after(spec.tool_latency_s + self.dispatch_s, self._submit, a)
+        self._dispatch(a, spec.tool_latency_s)
 
     def _predict(self, c: ev.Predict) -> None:
         t = c.trajectory
@@ -302,6 +332,7 @@ def _engine(core: RouterCore, cfg: EngineConfig, emu: EmulatedEngine) -> EngineS
         model=emu.cfg.model_name,
         version=core.fleet.version,
         capacity=Capacity(configured=cfg.max_running, kv_full=0.95),
+        send_priority=cfg.priority,
     )
 
 

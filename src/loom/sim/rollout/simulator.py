@@ -19,14 +19,6 @@ from loom.core.trajectory import TrajectorySpec, TrajectoryStatus
 from loom.perf.latency import LatencyModel, RooflineLatencyModel
 from loom.perf.specs import gpu_spec, model_spec
 from loom.rollout.heddle.transmission import MigrationRequest, select_batch
-from loom.rollout.moves import (
-    Pace,
-    decode_step_s,
-    move_pays,
-    pace_gain_s,
-    prefill_s,
-    slot_wait_s,
-)
 from loom.rollout.policy import Router, TurnScheduler, WorkerLayout
 from loom.sim.engine import Engine
 from loom.sim.rollout.state import TrajState
@@ -60,15 +52,6 @@ class RolloutConfig:
         default=50.0, metadata={"help": "GB/s between nodes (400 Gb/s IB)"}
     )
     migrate_kv: bool = field(default=True, metadata={"help": "move KV caches when routers migrate"})
-    gate_moves: bool = field(
-        default=False,
-        metadata={
-            "help": "a move the router asks for that prefills the context again (KV not "
-            "moved) is made only where the slot wait it saves exceeds that prefill "
-            "(`loom.rollout.moves`), as Loom's served router decides; False: every move "
-            "(the papers' simulations)"
-        },
-    )
     requeue_in_place: bool = field(
         default=False,
         metadata={
@@ -206,15 +189,6 @@ class RolloutSimulator:
         self._series: list[tuple[float, int]] = [(0.0, self._active)]
         self._router_free = 0.0  # when the served router has decided every turn it holds
         self._ran = False
-        # the served router's move rule: each worker's turn time (a moving average over its
-        # finished turns, as the router measures an engine's pace), from each turn's
-        # admission; and what the router knows of each trajectory's prefixes (the tokens it
-        # last computed at each worker: an engine's evictions are not seen)
-        self._pace = [Pace() for _ in self.workers]
-        self._admitted_s: dict[int, float] = {}
-        self._prefix: dict[int, dict[int, int]] = {}
-        if config.gate_moves:
-            router.move_pays = self._move_pays
 
     def _build_workers(
         self, layout: WorkerLayout, scheduler: TurnScheduler, make_lat: LatencyFactory
@@ -242,7 +216,6 @@ class RolloutSimulator:
                     chunk_tokens=self.cfg.chunk_tokens,
                     decode_reserve=self.cfg.decode_reserve,
                     on_turn_done=self._turn_done,
-                    on_admit=self._admitted if self.cfg.gate_moves else None,
                     requeue_in_place=self.cfg.requeue_in_place,
                 )
             )
@@ -280,65 +253,10 @@ class RolloutSimulator:
             raise ConfigError(f"router returned worker {w}; there are {len(self.workers)}")
         return w
 
-    # ---- the served router's move rule (gate_moves) ------------------------------------
-    def _admitted(self, t: TrajState, cached: int) -> None:
-        self._admitted_s[t.traj_id] = self.eng.now
-
-    def _ran_turn(self, t: TrajState, w: Worker) -> None:
-        start = self._admitted_s.pop(t.traj_id, None)
-        if start is None:
-            return
-        self._pace[w.idx].observe(start_s=None, decode_s=0.0, tokens=0, turn_s=self.eng.now - start)
-
-    def _slot_wait(self, w: Worker) -> float:
-        """As the router reckons it for an engine it may send `max_running` turns: none while
-        its turns (running, and those arrived since its iteration began) leave room, else
-        the turns beyond that ahead of one more."""
-        turns = len(w.running) + len(w.waiting)
-        if turns < w.max_running:
-            return 0.0
-        return slot_wait_s(len(w.running), self._pace[w.idx].turn_s, turns - w.max_running)
-
-    def _move_pays(self, view: object, src: int, dst: int) -> bool:
-        """The served router's rule (`RolloutDriver._move_pays`): moving trajectory `view`
-        from worker `src` to `dst` prefills its context at `dst` (what the router knows:
-        the context so far in a tool call, with the next turn's input once that has arrived);
-        it pays where the slot wait it saves, with what its remaining tokens save decoding
-        at `dst`'s pace, exceeds what that costs beyond prefilling it at `src`. NOTE: the
-        router's late binding, learned engine limits and `queue` are not modelled: a
-        simulated worker takes `max_running` turns."""
-        if not (0 <= src < len(self.workers)) or not (0 <= dst < len(self.workers)):
-            return True  # nowhere to stay (or a worker the router should not name)
-        assert isinstance(view, TrajState)
-        t = view
-        seq = t.context + (t.turn_input if t.status == TrajectoryStatus.QUEUED else 0)
-        known = self._prefix.get(t.traj_id, {})
-        a, b = self.workers[src], self.workers[dst]
-        cost = prefill_s(b.lat, seq, known.get(dst, 0)) - prefill_s(a.lat, seq, known.get(src, 0))
-        gain = pace_gain_s(
-            t.predicted_total - t.generated, self._step_s(a, seq), self._step_s(b, seq)
-        )
-        return move_pays(cost, self._slot_wait(a), self._slot_wait(b), gain)
-
-    def _step_s(self, w: Worker, context: int) -> float | None:
-        """A decode step of `w`'s with one more sequence of `context` tokens among its
-        running turns (as the router reckons an engine's: their contexts so far)."""
-        # NOTE: turns that have just ended are still in the list while their callbacks run
-        # (this one among them): the router has taken them out of its running turns by then
-        live = [s.traj for s in w.running if s.traj.status == TrajectoryStatus.RUNNING]
-        held = sum(t.context + t.turn_input + t.turn_generated for t in live)
-        return decode_step_s(w.lat, len(live) + 1, held + context)
-
     # ---- callbacks ---------------------------------------------------------------------
     def _turn_done(self, t: TrajState, w: Worker) -> None:
         turn = t.spec.turns[t.steps_done]
         finished = t.end_turn(self.eng.now)
-        if self.cfg.gate_moves:
-            self._ran_turn(t, w)
-            if finished:
-                self._prefix.pop(t.traj_id, None)
-            else:  # the router learns what the engine computed when the turn ends there
-                self._prefix.setdefault(t.traj_id, {})[w.idx] = t.context
         if finished:
             self._active -= 1
             self._series.append((self.eng.now, self._active))

@@ -1,0 +1,79 @@
+"""What `/v1/stats` and `/v1/engines` show of the router: plain reads of its core's state and
+ledger."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from loom.runtime.rollout.state import EngineState
+
+if TYPE_CHECKING:
+    from loom.runtime.rollout.driver import RolloutDriver
+
+__all__ = ["engine_view", "stats"]
+
+
+def stats(driver: RolloutDriver) -> dict[str, Any]:
+    """`GET /v1/stats`: the router's settings, engines, counts and timing."""
+    core = driver.core
+    ledger = core.ledger
+    predictor = driver.predictor
+    return {
+        "model": driver.model,
+        "placement": driver.config.placement.value,
+        "scheduler": driver.config.scheduler.value,
+        "tokenizer": driver.tokenizer.source if driver.tokenizer is not None else None,
+        "engines": {e.id: engine_view(e) for e in core.fleet.engines.values()},
+        "weights_version": core.version,
+        "held": core.held_turns(),
+        "policy": dict(ledger.counts),
+        "reprefill_tokens": dict(ledger.reprefill),
+        "timing": dict(ledger.timing),
+        "trajectories": {
+            "active": len(core.trajectories),
+            "in_flight": sum(1 for t in core.trajectories.values() if t.active),
+        },
+        "predictor": {
+            "history": len(predictor.history),
+            "fitted": predictor.model is not None,
+            "fits": predictor.fits,
+        },
+    }
+
+
+def engine_view(e: EngineState) -> dict[str, Any]:
+    """An engine as `/v1/engines` and `/v1/stats` show it."""
+    return {
+        "url": e.config.url,
+        "kind": e.config.kind.value,
+        "tp": e.tp,
+        "alive": e.alive,
+        "draining": e.draining,
+        "max_running": e.max_running,
+        "limit": e.limit if math.isfinite(e.limit) else None,
+        "priority": e.send_priority,
+        "reported": None
+        if e.reported is None
+        else {
+            "running": e.reported.running,
+            "waiting": e.reported.waiting,
+            "kv_usage": e.reported.kv_usage,
+        },
+        "turn_s": e.pace.turn_s,  # its measured pace (moving averages; None: not yet)
+        "start_s": e.pace.start_s,  # an attempt's start to its first token
+        "token_s": e.pace.token_s,  # per decoded token after the first
+        "running": len(e.running),
+        "waiting": len(e.waiting),
+        "load": e.load,
+        "admitted": e.admitted,
+        "completed": e.completed,
+        "preempted": e.preempted,
+        "failed_turns": e.failed_turns,
+        "tokens": e.tokens,
+        "lent": e.lent,
+        "version": e.version,
+        "free_tokens": e.free_tokens,
+        "slack_s": e.reported_slack_s if math.isfinite(e.reported_slack_s) else None,
+        "stalled": e.stalled,
+    }
