@@ -22,6 +22,7 @@ from loom.rollout.heddle.placement import Lengths, Placement, PresortedPlacer, W
 __all__ = [
     "DEFAULT_DEGREES",
     "Allocation",
+    "Unsplittable",
     "WorkerCostModel",
     "anneal_allocation",
     "exhaustive_allocation",
@@ -33,6 +34,10 @@ WorkerCostModel = Callable[[int], WorkerCost]
 
 DEFAULT_DEGREES = (1, 2, 4, 8)
 _Alloc = tuple[int, ...]
+
+
+class Unsplittable(ConfigError):
+    """The GPUs cannot be split into workers of the allowed degrees."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -201,7 +206,7 @@ def anneal_allocation(
     _check_schedule(cooling, epsilon, max_iters)
     rep = _representable(total, allowed)
     if not rep[total]:
-        raise ConfigError(f"total_gpus={total} is not a sum of degrees {allowed}")
+        raise Unsplittable(f"total_gpus={total} is not a sum of degrees {allowed}")
     rng = np.random.default_rng(seed)
     score = _Scorer(lengths, worker_cost, allowed)
     state = _sample_initial(total, allowed, rep, rng)
@@ -287,5 +292,5 @@ def exhaustive_allocation(
         if best is None or score(alloc).makespan < score(best).makespan:
             best = alloc
     if best is None:
-        raise ConfigError(f"total_gpus={total} is not a sum of degrees {allowed}")
+        raise Unsplittable(f"total_gpus={total} is not a sum of degrees {allowed}")
     return _allocation(best, score(best), count, score.evaluations)

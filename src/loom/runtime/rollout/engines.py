@@ -63,6 +63,7 @@ __all__ = [
     "EngineRejected",
     "EngineUnreachable",
     "ModelInfo",
+    "NoSuchRoute",
     "PriorityRefused",
     "SglangEngine",
     "VllmEngine",
@@ -83,6 +84,10 @@ class EngineError(UpstreamError):
 
 class EngineUnreachable(EngineError):
     """The engine refused the connection: it is down."""
+
+
+class NoSuchRoute(EngineError):
+    """The engine answered 404: it has no such route (an older version of it)."""
 
 
 class EngineRejected(UpstreamError):
@@ -264,6 +269,8 @@ def _raise_for(status: int, raw: bytes, where: str) -> None:
         # one place the refusal can be told apart, here where the engine's answer is read
         kind = PriorityRefused if "priorit" in detail.lower() else EngineRejected
         raise kind(status, f"engine refused the request: {detail}")
+    if status == 404:
+        raise NoSuchRoute(f"{where} answered 404: {detail}")
     raise EngineError(f"{where} answered {status}: {detail}")
 
 
@@ -538,9 +545,8 @@ class SglangEngine(EngineClient):
     async def load(self) -> EngineLoad:
         try:
             return sglang_load(await self._get_json("/v1/loads"))
-        except EngineError as exc:
-            if "answered 404" not in str(exc):
-                raise
+        except NoSuchRoute:
+            pass
         return sglang_load(await self._get_json("/get_load"))  # before /v1/loads
 
     async def generate(

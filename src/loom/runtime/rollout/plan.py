@@ -24,7 +24,7 @@ from loom.core.trajectory import TrajectorySpec
 from loom.perf.specs import gpu_spec, model_spec
 from loom.rollout.heddle.planner import AnnealingPlanner, CostModel, DegreeCostModel, decode_context
 from loom.rollout.heddle.predictor import ProgressivePredictor
-from loom.rollout.heddle.resource_manager import Allocation
+from loom.rollout.heddle.resource_manager import Allocation, Unsplittable
 from loom.runtime.rollout.cost import ProfiledDegreeCost
 
 __all__ = ["PlanSettings", "RolloutPlan", "WorkerPlan", "plan_rollout", "plan_table"]
@@ -146,9 +146,7 @@ def plan_rollout(history: Sequence[TrajectorySpec], settings: PlanSettings) -> R
     planner = AnnealingPlanner(cost=cost, degrees=allowed, seed=settings.seed)
     try:
         alloc = planner.allocate(lengths, settings.gpus)
-    except ConfigError as exc:
-        if "not a sum of degrees" not in str(exc):
-            raise
+    except Unsplittable:
         raise ConfigError(
             f"{settings.gpus} GPUs cannot be split into workers of the usable degrees {allowed}"
         ) from None
