@@ -96,7 +96,8 @@ class CoreMachine(RuleBasedStateMachine):
                 assert c.engine.alive and c.engine.id not in self.dead, "started at a dead engine"
                 prev = self.attempts.get(c.turn.seq)  # only a retry without the priority
                 assert prev is None or prev.number == c.attempt, "two attempts of one turn"
-                self.attempts[c.turn.seq] = Attempt(c.turn, c.attempt, c.engine, c.turn.rid())
+                t = c.turn  # (its attempt may have moved on within the same event)
+                self.attempts[t.seq] = Attempt(t, c.attempt, c.engine, t.rid(c.attempt))
                 here = sum(1 for a in self.attempts.values() if a.engine is c.engine)
                 assert here <= CAP, f"{c.engine.id} runs {here} turns, its cap is {CAP}"
             elif kind is ev.Stop:

@@ -311,7 +311,7 @@ class RolloutDriver:
             sampling["max_tokens"] = 1
             sampling.pop("min_tokens", None)
         stream = client.generate(
-            turn.rid(), turn.prompt + turn.generated, sampling, priority, turn.attempt_logprobs()
+            turn.rid(attempt), turn.prompt + turn.generated, sampling, priority, turn.attempt_logprobs()
         )
         send = self.send
         done: Done | None = None

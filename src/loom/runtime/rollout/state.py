@@ -241,9 +241,11 @@ class Turn:
         """Time it has waited in the router, all attempts together, up to `now`."""
         return self.waited_s + (now - self.wait_since if self.wait_since is not None else 0.0)
 
-    def rid(self) -> str:
-        """The engine-side id of the current attempt: one request, named exactly."""
-        return f"{self.traj.traj_id}-{self.index}-{self.attempt}-{self.seq}"
+    def rid(self, attempt: int | None = None) -> str:
+        """The engine-side id of attempt number `attempt` (default: the current one): one
+        request, named exactly."""
+        n = self.attempt if attempt is None else attempt
+        return f"{self.traj.traj_id}-{self.index}-{n}-{self.seq}"
 
     def attempt_sampling(self) -> dict[str, Any]:
         """The current attempt's parameters: only the tokens still missing."""

@@ -248,7 +248,7 @@ class ServedRollout:
             self._later(ev.PriorityRefused(turn, c.attempt, ConfigError("priority refused")))
             return
         req = emu.submit(
-            turn.rid(),
+            turn.rid(c.attempt),
             turn.prompt + turn.generated,
             max(1, turn.remaining),
             ignore_eos=True,
