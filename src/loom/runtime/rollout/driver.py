@@ -310,9 +310,9 @@ class RolloutDriver:
         if sampling["max_tokens"] < 1:  # scoring a prompt: engines generate at least one
             sampling["max_tokens"] = 1
             sampling.pop("min_tokens", None)
-        stream = client.generate(
-            turn.rid(attempt), turn.prompt + turn.generated, sampling, priority, turn.attempt_logprobs()
-        )
+        context = turn.prompt + turn.generated
+        rid, logprobs = turn.rid(attempt), turn.attempt_logprobs()
+        stream = client.generate(rid, context, sampling, priority, logprobs)
         send = self.send
         done: Done | None = None
         try:
