@@ -43,10 +43,16 @@ from typing import Any
 
 from loom.bench.continuous import CONTINUOUS_SYSTEMS, run_continuous, trajectories
 from loom.bench.fleet import StandinEngines
-from loom.bench.overhead import PROMPTS, measure, ratios
+from loom.bench.overhead import FLOOR, PROMPTS, measure, ratios
 from loom.bench.progress import RunProgress
 from loom.bench.results import results, write_results
-from loom.bench.routers import PeerUnavailableError, Router, ServedRouter, SglangRouter
+from loom.bench.routers import (
+    PeerUnavailableError,
+    ProxyRouter,
+    Router,
+    ServedRouter,
+    SglangRouter,
+)
 
 Record = dict[str, Any]
 CONCURRENCY = (1, 8, 200)
@@ -103,12 +109,17 @@ def _print_run(row: Record) -> None:
 
 
 def _routers(engine: str, tokenizer: str | None) -> dict[str, Router]:
-    """Loom's router (least-load placement, fcfs) and sglang-router over `engine`."""
+    """Loom's router (least-load placement, fcfs), sglang-router and a bare aiohttp proxy
+    over `engine`."""
     flags = ["--engine", f"{engine},max_running=4096", "--placement", "least_load",
              "--scheduler", "fcfs"]  # fmt: skip
     if tokenizer:
         flags += ["--tokenizer", tokenizer]
-    return {"loom": ServedRouter(flags), "sglang-router": SglangRouter([engine])}
+    return {
+        "loom": ServedRouter(flags),
+        "sglang-router": SglangRouter([engine]),
+        FLOOR: ProxyRouter(engine),  # the floor of Loom's HTTP stack: forwards bytes unread
+    }
 
 
 def overhead(args: argparse.Namespace) -> list[Record]:
@@ -121,7 +132,7 @@ def overhead(args: argparse.Namespace) -> list[Record]:
     rows: list[Record] = []
     with (
         StandinEngines(1, "--step-ms", str(args.step_ms), "--max-running", "4096") as fleet,
-        RunProgress(2 * len(CONCURRENCY), "settings") as bar,
+        RunProgress(3 * len(CONCURRENCY), "settings") as bar,
     ):
         engine = fleet.urls[0]
         for name, router in _routers(engine, tokenizer).items():
@@ -163,6 +174,14 @@ def overhead(args: argparse.Namespace) -> list[Record]:
             f"requests/s at concurrency 8 {got['requests_per_s_over_sglang_router']:.2f}x "
             "sglang-router's (target >= 0.8)"
         )
+        if got.get("cpu_per_request_over_floor") is not None:
+            print(
+                f"the floor (a bare aiohttp proxy): {got['floor_added_p50_ms']:.2f} ms added at "
+                f"the p50, CPU per request {_x(got['floor_cpu_per_request_over_sglang_router'])}"
+                f" sglang-router's, requests/s at 8 "
+                f"{got['floor_requests_per_s_over_sglang_router']:.2f}x; Loom's CPU per request "
+                f"{got['cpu_per_request_over_floor']:.2f}x the floor's"
+            )
         rows.append({"record": "ratios", "prompt": args.prompt, **got})
     print(
         f"machine: {os.cpu_count()} cores; Loom's event loop: {'uvloop' if uvloop else 'asyncio'}"

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from loom.bench.fleet import StandinEngines
-from loom.bench.overhead import measure, ratios
+from loom.bench.overhead import FLOOR, measure, ratios
 from loom.bench.routers import ThreadRouter
 
 
@@ -52,3 +52,21 @@ def test_a_router_cpu_under_a_clock_tick_is_not_a_ratio() -> None:
     both = ratios([row("loom", 1, 0.5), row("loom", 8, 0.5),
                    row("sglang-router", 1, 0.25), row("sglang-router", 8, 0.2)])  # fmt: skip
     assert both is not None and both["cpu_per_request_over_sglang_router"] == 2.0
+
+
+def test_the_floor_beside_the_routers_where_the_bare_proxy_ran() -> None:
+    def row(router: str, c: int, added: float, cpu: float, rps: float) -> dict[str, object]:
+        return {"router": router, "concurrency": c, "added_p50_ms": added,
+                "router_cpu_ms_per_request": cpu, "requests_per_s": rps}  # fmt: skip
+
+    rows = [row("loom", 1, 0.6, 0.6, 500.0), row("loom", 8, 0.9, 0.5, 2000.0),
+            row("sglang-router", 1, 0.3, 0.3, 600.0), row("sglang-router", 8, 0.4, 0.2, 2500.0),
+            row(FLOOR, 1, 0.4, 0.4, 550.0), row(FLOOR, 8, 0.5, 0.3, 2250.0)]  # fmt: skip
+    got = ratios(rows)
+    assert got is not None
+    assert got["floor_added_p50_ms"] == 0.4
+    assert got["floor_cpu_per_request_over_sglang_router"] == pytest.approx(4 / 3)
+    assert got["floor_requests_per_s_over_sglang_router"] == pytest.approx(0.9)
+    assert got["cpu_per_request_over_floor"] == pytest.approx(1.5)
+    without = ratios(rows[:4])
+    assert without is not None and "cpu_per_request_over_floor" not in without

@@ -5,6 +5,7 @@ block nothing it started is left running."""
 from __future__ import annotations
 
 import sys
+from unittest.mock import ANY
 
 import httpx
 import pytest
@@ -16,6 +17,7 @@ from loom.bench.process import ServerProcess, ServerStartError, free_port
 from loom.bench.routers import (
     SGLANG_ROUTER_HINT,
     PeerUnavailableError,
+    ProxyRouter,
     ServedRouter,
     SglangRouter,
     ThreadRouter,
@@ -42,6 +44,21 @@ def test_a_served_router_routes_and_leaves_nothing_running(standins: StandinEngi
     assert left_running(before) == {}
     with pytest.raises(httpx.TransportError):
         httpx.get(router.url + "/health", timeout=2)
+
+
+def test_the_bare_proxy_relays_the_engines_answer_and_leaves_nothing_running(
+    standins: StandinEngines,
+) -> None:
+    before = below_me()
+    with ProxyRouter(standins.urls[0]) as proxy:
+        assert proxy.pid is not None and cpu_s(proxy.pid) > 0
+        got = _generate(proxy.url)
+        assert got.status_code == 200, got.text
+        assert got.json() == _generate(standins.urls[0]).json() | {"meta_info": ANY}
+        bad = httpx.post(proxy.url + "/generate", content=b"{", timeout=10)
+        direct = httpx.post(standins.urls[0] + "/generate", content=b"{", timeout=10)
+        assert (bad.status_code, bad.content) == (direct.status_code, direct.content)  # relayed
+    assert left_running(before) == {}
 
 
 def test_a_router_in_a_thread(standins: StandinEngines) -> None:

@@ -14,7 +14,7 @@ import aiohttp
 
 from loom.bench.measure import cpu_s, percentile
 
-__all__ = ["PROMPTS", "load", "measure", "ratios"]
+__all__ = ["FLOOR", "PROMPTS", "load", "measure", "ratios"]
 
 # a request's prompt: text (what OpenAI clients send; Loom tokenizes it itself, sglang-router
 # forwards it) or token ids
@@ -85,21 +85,38 @@ def measure(
     }
 
 
-def ratios(rows: Sequence[dict[str, Any]]) -> dict[str, float] | None:
+FLOOR = "aiohttp-proxy"  # the bare proxy's name in the records (`loom.bench.proxy`)
+
+
+def ratios(rows: Sequence[dict[str, Any]]) -> dict[str, float | None] | None:
     """Loom against sglang-router as the targets state them: Loom's added p50 at concurrency 1
     (target <= 1 ms) beside sglang-router's, CPU per request at concurrency 1 over
     sglang-router's (target <= 2; None where either spent less than a clock tick) and
     requests/s at concurrency 8 over sglang-router's (target >= 0.8); None unless both routers
-    ran at 1 and 8."""
+    ran at 1 and 8. Where the bare aiohttp proxy ran too, the same figures of that floor and
+    Loom's CPU per request over it."""
     by = {(r["router"], r["concurrency"]): r for r in rows}
     if not all((router, c) in by for router in ("loom", "sglang-router") for c in (1, 8)):
         return None
     loom1, sg1 = by["loom", 1], by["sglang-router", 1]
     cpu, sg_cpu = loom1["router_cpu_ms_per_request"], sg1["router_cpu_ms_per_request"]
-    return {
+    out: dict[str, float | None] = {
         "loom_added_p50_ms": loom1["added_p50_ms"],
         "sglang_router_added_p50_ms": sg1["added_p50_ms"],
         "cpu_per_request_over_sglang_router": cpu / sg_cpu if cpu and sg_cpu else None,
         "requests_per_s_over_sglang_router": by["loom", 8]["requests_per_s"]
         / by["sglang-router", 8]["requests_per_s"],
     }
+    if all((FLOOR, c) in by for c in (1, 8)):  # the bare proxy on Loom's HTTP stack
+        floor1 = by[FLOOR, 1]
+        f_cpu = floor1["router_cpu_ms_per_request"]
+        out |= {
+            "floor_added_p50_ms": floor1["added_p50_ms"],
+            "floor_cpu_per_request_over_sglang_router": f_cpu / sg_cpu
+            if f_cpu and sg_cpu
+            else None,
+            "floor_requests_per_s_over_sglang_router": by[FLOOR, 8]["requests_per_s"]
+            / by["sglang-router", 8]["requests_per_s"],
+            "cpu_per_request_over_floor": cpu / f_cpu if cpu and f_cpu else None,
+        }
+    return out

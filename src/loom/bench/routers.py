@@ -1,6 +1,7 @@
 """The routers a benchmark sends its agents to, one kind per class behind one interface
 (`Router`): Loom's router served in a process of its own (as users run it), Loom's router in
-a thread of this process, and the peer sglang-router (`pip install sglang-router`). Each is a
+a thread of this process, the peer sglang-router (`pip install sglang-router`), and a bare
+aiohttp proxy (the floor of Loom's HTTP stack). Each is a
 context manager; inside it the router answers at `url`, and `pid` is the process whose CPU is
 the router's (None: this one's)."""
 
@@ -25,6 +26,7 @@ __all__ = [
     "SGLANG_POLICIES",
     "SGLANG_ROUTER_HINT",
     "PeerUnavailableError",
+    "ProxyRouter",
     "Router",
     "ServedRouter",
     "SglangRouter",
@@ -60,6 +62,28 @@ class ServedRouter(Router):
         self.url = f"http://127.0.0.1:{port}"
         cmd = [sys.executable, "-m", "loom.cli", "serve", "rollout", "--port", str(port), *flags]
         self._server = ServerProcess(cmd, self.url, env=env, name="loom serve rollout")
+
+    @property
+    def pid(self) -> int:
+        return self._server.pid
+
+    def start(self) -> Self:
+        self._server.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.stop()
+
+
+class ProxyRouter(Router):
+    """The floor of a router on Loom's HTTP stack (`loom.bench.proxy`): a bare aiohttp
+    proxy to one engine, in a process of its own."""
+
+    def __init__(self, engine: str) -> None:
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        cmd = [sys.executable, "-m", "loom.bench.proxy", "--port", str(port), "--engine", engine]
+        self._server = ServerProcess(cmd, self.url, name="aiohttp proxy")
 
     @property
     def pid(self) -> int:

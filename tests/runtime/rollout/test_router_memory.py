@@ -84,7 +84,7 @@ def test_pending_predictions_coalesce_per_trajectory() -> None:
 
         d.predictor.predict_many = slow  # type: ignore[method-assign]
         await _trajectories(d, 0, 40, turns=6)  # 240 turns end, 40 trajectories
-        assert len(d._to_predict) <= 40
+        assert len(d.forecasts._asked) <= 40
         assert sum(asked) < 240  # asks of one trajectory coalesced
         await d.close()
 
