@@ -410,7 +410,13 @@ class RolloutDriver:
         return engine_view(e)
 
     def stats(self) -> dict[str, Any]:
-        return stats(self)
+        return stats(
+            self.core,
+            config=self.config,
+            model=self.model,
+            tokenizer=self.tokenizer,
+            predictor=self.predictor,
+        )
 
 
 def _client(e: EngineState) -> EngineClient:

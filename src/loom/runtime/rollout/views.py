@@ -9,21 +9,29 @@ from typing import TYPE_CHECKING, Any
 from loom.runtime.rollout.state import EngineState
 
 if TYPE_CHECKING:
-    from loom.runtime.rollout.driver import RolloutDriver
+    from loom.runtime.rollout.config import RolloutServerConfig
+    from loom.runtime.rollout.core import RouterCore
+    from loom.runtime.rollout.prediction import OnlinePredictor
+    from loom.runtime.rollout.tokenizer import LocalTokenizer
 
 __all__ = ["engine_view", "stats"]
 
 
-def stats(driver: RolloutDriver) -> dict[str, Any]:
+def stats(
+    core: RouterCore,
+    *,
+    config: RolloutServerConfig,
+    model: str,
+    tokenizer: LocalTokenizer | None,
+    predictor: OnlinePredictor,
+) -> dict[str, Any]:
     """`GET /v1/stats`: the router's settings, engines, counts and timing."""
-    core = driver.core
     ledger = core.ledger
-    predictor = driver.predictor
     return {
-        "model": driver.model,
-        "placement": driver.config.placement.value,
-        "scheduler": driver.config.scheduler.value,
-        "tokenizer": driver.tokenizer.source if driver.tokenizer is not None else None,
+        "model": model,
+        "placement": config.placement.value,
+        "scheduler": config.scheduler.value,
+        "tokenizer": tokenizer.source if tokenizer is not None else None,
         "engines": {e.id: engine_view(e) for e in core.fleet.engines.values()},
         "weights_version": core.version,
         "held": core.held_turns(),
