@@ -330,3 +330,20 @@ def test_a_lone_trajectory_gains_no_pace_by_moving_between_idle_engines() -> Non
     flipper = _Flipper()
     _served(specs, flipper, predictions=[[1e5] * len(specs[0].turns)])
     assert flipper.asked > 0 and flipper.moved == 0
+
+
+def test_the_routers_time_per_turn_queues_turns_in_the_order_they_arrive() -> None:
+    # Trajectory 0 goes into a 10 s tool call first, trajectory 1 into a 0.1 s one just after:
+    # the router decides 1's next turn when it arrives, not after 0's (still in its tool).
+    specs = [
+        TrajectorySpec(traj_id=0, prompt_id=0, sample_idx=0, workload=None,
+                       turns=(TurnSpec(64, 1, 10.0), TurnSpec(8, 1, None))),
+        TrajectorySpec(traj_id=1, prompt_id=1, sample_idx=0, workload=None,
+                       turns=(TurnSpec(64, 20, 0.1), TurnSpec(8, 1, None))),
+    ]  # fmt: skip
+    res = ServedRollout(
+        specs, [EmulatedEngineConfig(spec=SPEC)], _config("least_load", "fcfs", engines=1),
+        decision_s=0.05,
+    ).run()  # fmt: skip
+    assert res.finish_s[0] > 10.0
+    assert res.finish_s[1] < 2.0

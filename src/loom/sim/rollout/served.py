@@ -216,13 +216,17 @@ class ServedRollout:
         )
 
     def _dispatch(self, a: _Agent, delay: float) -> None:
-        """`a`'s next turn reaches the router `delay` + `dispatch_s` from now and is decided
-        once the router has decided those before it."""
-        arrive = self.clock.now + delay + self.dispatch_s
-        if self.decision_s > 0:
-            self._router_free = max(arrive, self._router_free) + self.decision_s
-            arrive = self._router_free
-        self.clock.schedule(arrive, self._submit, a)
+        """`a`'s next turn reaches the router `delay` + `dispatch_s` from now."""
+        self.clock.after(delay + self.dispatch_s, self._arrive, a)
+
+    def _arrive(self, a: _Agent) -> None:
+        """`a`'s turn is at the router: decided once it has decided those that came before
+        (`decision_s` each, one at a time)."""
+        if self.decision_s <= 0:
+            self._submit(a)
+            return
+        self._router_free = max(self.clock.now, self._router_free) + self.decision_s
+        self.clock.schedule(self._router_free, self._submit, a)
 
     def _submit(self, a: _Agent) -> None:
         turn = a.spec.turns[a.step]
