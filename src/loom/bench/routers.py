@@ -12,7 +12,7 @@ import sys
 import time
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import httpx
 
@@ -53,48 +53,43 @@ class Router(Started):
         """The router's own process, or None where it runs in this one."""
 
 
-class ServedRouter(Router):
+class _ProcessRouter(Router):
+    """A router served by `cmd` in a process of its own at `url`."""
+
+    def __init__(self, cmd: Sequence[str], url: str, name: str, **kw: Any) -> None:
+        self.url = url
+        self._server = ServerProcess(list(cmd), url, name=name, **kw)
+
+    @property
+    def pid(self) -> int:
+        return self._server.pid
+
+    def start(self) -> Self:
+        self._server.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.stop()
+
+
+class ServedRouter(_ProcessRouter):
     """`loom serve rollout --port P *flags` in a process of its own; `env`: its environment
     (e.g. PYTHONPATH of another checkout's `src`, to compare with an earlier router)."""
 
     def __init__(self, flags: Sequence[str], *, env: Mapping[str, str] | None = None) -> None:
         port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
         cmd = [sys.executable, "-m", "loom.cli", "serve", "rollout", "--port", str(port), *flags]
-        self._server = ServerProcess(cmd, self.url, env=env, name="loom serve rollout")
-
-    @property
-    def pid(self) -> int:
-        return self._server.pid
-
-    def start(self) -> Self:
-        self._server.start()
-        return self
-
-    def stop(self) -> None:
-        self._server.stop()
+        super().__init__(cmd, f"http://127.0.0.1:{port}", "loom serve rollout", env=env)
 
 
-class ProxyRouter(Router):
+class ProxyRouter(_ProcessRouter):
     """The floor of a router on Loom's HTTP stack (`loom.bench.proxy`): a bare aiohttp
     proxy to one engine, in a process of its own."""
 
     def __init__(self, engine: str) -> None:
         port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
         cmd = [sys.executable, "-m", "loom.bench.proxy", "--port", str(port), "--engine", engine]
-        self._server = ServerProcess(cmd, self.url, name="aiohttp proxy")
-
-    @property
-    def pid(self) -> int:
-        return self._server.pid
-
-    def start(self) -> Self:
-        self._server.start()
-        return self
-
-    def stop(self) -> None:
-        self._server.stop()
+        super().__init__(cmd, f"http://127.0.0.1:{port}", "aiohttp proxy")
 
 
 class ThreadRouter(Router):
