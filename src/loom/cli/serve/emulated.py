@@ -18,6 +18,7 @@ __all__ = [
     "NOTES",
     "SETTINGS",
     "EmulateOption",
+    "NodeOption",
     "SchedulingPolicyOption",
     "StreamIntervalOption",
     "TimeScaleOption",
@@ -43,6 +44,14 @@ TimeScaleOption = Annotated[
 SchedulingPolicyOption = Annotated[
     str | None,
     typer.Option("--scheduling-policy", help="with --emulate: the order it runs requests in"),
+]
+NodeOption = Annotated[
+    int | None,
+    typer.Option(
+        "--node",
+        help="with --emulate: the node its GPUs sit on (KV moves to engines on the same node "
+        "go over NVLink, others over the network)",
+    ),
 ]
 StreamIntervalOption = Annotated[
     float | None,
@@ -87,6 +96,7 @@ SETTINGS = Layering(
         "time_scale": Flag(),
         "scheduling_policy": Flag(choices=_policies),
         "max_running": Flag(shown=None),
+        "node": Flag(shown=None),
         "stream_interval_s": Flag(
             "stream_interval_ms", convert=lambda ms: ms / 1000, shown=lambda s: f"{s * 1000:g}"
         ),

@@ -78,6 +78,7 @@ def serve_engine(
     time_scale: emulated.TimeScaleOption = None,
     scheduling_policy: emulated.SchedulingPolicyOption = None,
     stream_interval_ms: emulated.StreamIntervalOption = None,
+    node: emulated.NodeOption = None,
     priority: Annotated[
         bool | None,
         typer.Option(

@@ -10,6 +10,7 @@ from loom.core.errors import ConfigError
 from loom.core.topology import GpuType
 from loom.perf.latency import RooflineLatencyModel
 from loom.perf.specs import gpu_spec, model_spec
+from loom.perf.transfer import KvLinks
 from loom.rollout.engine_queue import EngineSchedulingPolicy
 from loom.sim.rollout.simulator import RolloutConfig
 
@@ -78,6 +79,16 @@ class EmulatedEngineConfig:
     served_model_name: str | None = field(
         default=None, metadata={"help": "the model's name in /v1/models; None: the model key"}
     )
+    node: int = field(
+        default=0,
+        metadata={
+            "help": "node its GPUs sit on: KV moves to engines of the same node go over "
+            "NVLink, others over the network"
+        },
+    )
+    inter_node_gbs: float = field(
+        default=_SIM.inter_node_gbs, metadata={"help": "GB/s of KV moves between nodes"}
+    )
     stream_interval_s: float = field(
         default=0.05,
         metadata={
@@ -93,12 +104,21 @@ class EmulatedEngineConfig:
             raise ConfigError("max_running and chunk_tokens must be >= 1, decode_reserve >= 0")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ConfigError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.node < 0:
+            raise ConfigError(f"node must be >= 0, got {self.node}")
+        if not 0 < self.inter_node_gbs < math.inf:
+            raise ConfigError(f"inter_node_gbs must be finite and > 0, got {self.inter_node_gbs}")
         if not self.stream_interval_s >= 0:
             raise ConfigError(f"stream_interval_s must be >= 0, got {self.stream_interval_s}")
 
     @property
     def model_name(self) -> str:
         return self.served_model_name or self.spec.model
+
+    @property
+    def links(self) -> KvLinks:
+        """What its KV moves over (`loom.perf.transfer`)."""
+        return KvLinks.of(self.spec.model, self.spec.gpu, self.node, self.inter_node_gbs)
 
     def latency(self) -> RooflineLatencyModel:
         return RooflineLatencyModel(self.spec.gpu, self.spec.model, tp=self.spec.tp)

@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from loom.core.errors import InvalidRequest
+from loom.core.errors import InvalidRequest, NotFound
 from loom.core.trajectory import TrajectorySpec, TrajectoryStatus, TurnSpec
 from loom.rollout.engine_queue import EngineQueue, EngineSchedulingPolicy
 from loom.runtime.emulate.config import EmulatedEngineConfig
@@ -29,10 +29,15 @@ from loom.sim.rollout.worker import Worker
 if TYPE_CHECKING:
     from loom.perf.latency import LatencyModel
 
-__all__ = ["EmulatedEngine", "Request"]
+__all__ = ["EmulatedEngine", "Request", "UnknownCopy"]
 
 PREFIX_KEY = 16  # tokens that key the prefix index; shorter contexts are not cached
 LOG_LIMIT = 200_000
+
+
+class UnknownCopy(NotFound):
+    """A KV copy this engine does not hold room for (never reserved, committed, cancelled,
+    or expired)."""
 
 
 class Request:
@@ -125,6 +130,10 @@ class EmulatedEngine:
             "prefix_hits": 0,
         }
         self.finished: dict[str, int] = {"stop": 0, "length": 0, "abort": 0}
+        self.links = config.links
+        self._sending: dict[int, int] = {}  # cached contexts a copy reads now -> copies
+        self._incoming: dict[int, tuple[list[int], Any]] = {}  # reserved -> tokens, expiry
+        self.kv = {"sent": 0, "sent_tokens": 0, "received": 0, "received_tokens": 0, "expired": 0}
 
     # ---- requests ------------------------------------------------------------------------
     def check(self, prompt: list[int], max_tokens: int, priority: int) -> None:
@@ -226,6 +235,88 @@ class EmulatedEngine:
         """Each running request with its output tokens produced by now."""
         for state, n in self.worker.progress():
             yield self.live[state.traj_id], n
+
+    # ---- KV moves (Heddle §5.3): this engine's two ends of a copy --------------------------
+    def hold_prefix(self, tokens: list[int]) -> tuple[int, int]:
+        """The cached context sharing the longest beginning with `tokens`, pinned (never
+        evicted) while a copy of it goes to another engine: (its id, tokens shared); (-1, 0)
+        where none is cached here."""
+        tid, n = self._match(tokens)
+        if tid < 0:
+            return -1, 0
+        self._sending[tid] = self._sending.get(tid, 0) + 1
+        self.worker.pinned.add(tid)
+        return tid, n
+
+    def release_prefix(self, tid: int, tokens: int = 0) -> None:
+        """A copy of `hold_prefix`'s context ended (`tokens` sent; 0: it failed)."""
+        left = self._sending.get(tid, 0) - 1
+        if left > 0:
+            self._sending[tid] = left
+        else:
+            self._sending.pop(tid, None)
+            self.worker.pinned.discard(tid)
+            self.worker.poke()  # its room may be evicted again
+        if tokens > 0:
+            self.kv["sent"] += 1
+            self.kv["sent_tokens"] += tokens
+
+    def reserve_prefix(self, tokens: list[int], hold_s: float) -> int | None:
+        """Room for a copy of `tokens`' KV arriving from another engine, held from now (the
+        blocks are taken during the copy) until `commit_prefix`, `cancel_prefix` or `hold_s`
+        from now; the copy's id, or None where it cannot fit."""
+        if len(tokens) < PREFIX_KEY:
+            raise InvalidRequest(f"a KV copy needs at least {PREFIX_KEY} tokens, got {len(tokens)}")
+        if not 0 < hold_s < float("inf"):
+            raise InvalidRequest(f"hold_s must be a finite number > 0, got {hold_s}")
+        cid = next(self._ids)
+        spec = TrajectorySpec(
+            traj_id=cid,
+            prompt_id=0,
+            sample_idx=0,
+            workload=None,
+            turns=(TurnSpec(len(tokens), 1, None),),
+        )
+        state = TrajState(spec, ())
+        state.status = TrajectoryStatus.FINISHED  # no request of its own reads it here
+        if not self.worker.put_idle(state, len(tokens)):
+            return None
+        self.worker.pinned.add(cid)
+        expiry = self.eng.after(hold_s, self._expire, cid)
+        self._incoming[cid] = (list(tokens), expiry)
+        return cid
+
+    def commit_prefix(self, cid: int) -> int:
+        """The copy `cid` arrived: its KV is a cached prefix the next request that begins
+        with its tokens finds here. Returns the tokens it holds."""
+        tokens, expiry = self._take(cid)
+        self.eng.cancel(expiry)
+        self._remember(cid, tokens)
+        self.kv["received"] += 1
+        self.kv["received_tokens"] += len(tokens)
+        return len(tokens)
+
+    def cancel_prefix(self, cid: int) -> None:
+        """The copy `cid` will not arrive: free its room."""
+        _, expiry = self._take(cid)
+        self.eng.cancel(expiry)
+        self.worker.drop_idle(cid)
+        self.worker.poke()
+
+    def _take(self, cid: int) -> tuple[list[int], Any]:
+        entry = self._incoming.pop(cid, None)
+        if entry is None:
+            raise UnknownCopy(f"no KV copy {cid} is on its way here (expired or never reserved)")
+        self.worker.pinned.discard(cid)
+        return entry
+
+    def _expire(self, cid: int) -> None:
+        if cid in self._incoming:
+            self._incoming.pop(cid)
+            self.worker.pinned.discard(cid)
+            self.worker.drop_idle(cid)
+            self.kv["expired"] += 1
+            self.worker.poke()
 
     # ---- views ---------------------------------------------------------------------------
     @property

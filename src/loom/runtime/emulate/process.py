@@ -94,6 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--decode-reserve", type=int, default=None, help=_help("decode_reserve"))
     p.add_argument("--max-model-len", type=int, default=None, help=_help("max_model_len"))
     p.add_argument("--served-model-name", default=None, help=_help("served_model_name"))
+    p.add_argument("--node", type=int, default=None, help=_help("node"))
     p.add_argument(
         "--stream-interval-ms", type=float, default=50.0, help=_help("stream_interval_s")
     )
@@ -108,6 +109,7 @@ def main(argv: list[str] | None = None) -> None:
             decode_reserve=args.decode_reserve,
             max_model_len=args.max_model_len,
             served_model_name=args.served_model_name,
+            node=args.node,
             stream_interval_s=args.stream_interval_ms / 1000,
         )
     except ConfigError as exc:

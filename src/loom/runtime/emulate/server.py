@@ -35,6 +35,7 @@ from loom.core.errors import InvalidRequest
 from loom.runtime.emulate.clock import WallClock
 from loom.runtime.emulate.config import EmulatedEngineConfig
 from loom.runtime.emulate.core import EmulatedEngine, Request
+from loom.runtime.emulate.kv import KvRoutes
 from loom.runtime.emulate.tokens import (
     VOCAB,
     detokenize,
@@ -43,6 +44,9 @@ from loom.runtime.emulate.tokens import (
     prompt_logprobs,
     tokenize,
 )
+from loom.runtime.emulate.wire import bad as _bad
+from loom.runtime.emulate.wire import json_response as _json
+from loom.runtime.emulate.wire import read_body
 from loom.sim.engine import Engine
 
 __all__ = ["EmulatedServer", "serve"]
@@ -64,19 +68,6 @@ REFUSED = (
     "guided_choice",
     "guided_grammar",
 )
-
-
-def _bad(message: str, status: int = 400) -> web.Response:
-    kind = "NotFoundError" if status == 404 else "BadRequestError"
-    return web.json_response(
-        {"error": {"message": message, "type": kind, "param": None, "code": status}},
-        status=status,
-        dumps=lambda v: orjson.dumps(v).decode(),
-    )
-
-
-def _json(value: Any) -> web.Response:
-    return web.Response(body=orjson.dumps(value), content_type="application/json")
 
 
 class _Stream:
@@ -234,6 +225,7 @@ class EmulatedServer:
         app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/debug/requests", self.requests)
         app.router.add_get("/debug/stats", self.debug_stats)
+        KvRoutes(self).add(app)
         app.on_startup.append(self._start)
         app.on_cleanup.append(self._stop)
         return app
@@ -340,6 +332,7 @@ class EmulatedServer:
                 "cached_hit_tokens": core.worker.cached_hit_tokens,
                 "busy_s": core.worker.busy_s,
                 "finished": core.finished,
+                "kv_moves": core.kv,
             }
         )
 
@@ -497,12 +490,9 @@ def _rid(name: str) -> str:
 
 async def _body(request: web.Request) -> dict[str, Any] | web.Response:
     try:
-        body = orjson.loads(await request.read())
-    except orjson.JSONDecodeError as exc:
-        return _bad(f"the body is not JSON: {exc}")
-    if not isinstance(body, dict):
-        return _bad("the body must be a JSON object")
-    return body
+        return await read_body(request)
+    except InvalidRequest as exc:
+        return _bad(str(exc))
 
 
 def serve(

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from loom.core.errors import ConfigError
-from loom.core.topology import GpuType, Link, LinkKind
+from loom.core.topology import GpuType
 from loom.core.trajectory import TrajectorySpec, TrajectoryStatus
 from loom.perf.latency import LatencyModel, RooflineLatencyModel
-from loom.perf.specs import gpu_spec, model_spec
+from loom.perf.transfer import INTER_NODE_GBS, KvLinks
 from loom.rollout.heddle.transmission import MigrationRequest, select_batch
 from loom.rollout.policy import Router, TurnScheduler, WorkerLayout
 from loom.sim.engine import Engine
@@ -49,7 +49,7 @@ class RolloutConfig:
         default=2048, metadata={"help": "KV tokens reserved per running turn at admission"}
     )
     inter_node_gbs: float = field(
-        default=50.0, metadata={"help": "GB/s between nodes (400 Gb/s IB)"}
+        default=INTER_NODE_GBS, metadata={"help": "GB/s between nodes (400 Gb/s IB)"}
     )
     migrate_kv: bool = field(default=True, metadata={"help": "move KV caches when routers migrate"})
     requeue_in_place: bool = field(
@@ -166,12 +166,6 @@ class RolloutSimulator:
         self.cfg = config
         self.eng = Engine()
         self.router = router
-        self.kv_bytes = model_spec(config.model).kv_bytes_per_token
-        gpu = gpu_spec(config.gpu)
-        self.nvlink = Link(kind=LinkKind.NVLINK, bandwidth_gbs=gpu.nvlink_gbs, latency_s=1e-5)
-        self.network = Link(
-            kind=LinkKind.INFINIBAND, bandwidth_gbs=config.inter_node_gbs, latency_s=2e-5
-        )
         make_lat = latency or (lambda tp: RooflineLatencyModel(config.gpu, config.model, tp=tp))
         self.trajs = [
             TrajState(t, tuple(predictions[t.traj_id]) if predictions is not None else ())
@@ -179,6 +173,10 @@ class RolloutSimulator:
         ]
         self.workers = self._build_workers(layout, scheduler, make_lat)
         self.views = [_WorkerView(w) for w in self.workers]
+        self.links = [
+            KvLinks.of(config.model, config.gpu, w.node, config.inter_node_gbs)
+            for w in self.workers
+        ]
         self._pending_mig: list[MigrationRequest] = []
         self._busy: set[int] = set()
         self.migrations = 0
@@ -354,15 +352,9 @@ class RolloutSimulator:
         self._pending_mig = [r for r in self._pending_mig if r.traj_id not in chosen]
         for r in batch:
             tokens = self.workers[r.src].cached_tokens(r.traj_id)
-            link = (
-                self.nvlink
-                if self.workers[r.src].node == self.workers[r.dst].node
-                else self.network
-            )
             self._busy.update((r.src, r.dst))
-            self.eng.after(
-                link.transfer_time_s(tokens * self.kv_bytes), self._migration_done, r, tokens
-            )
+            seconds = self.links[r.src].transfer_s(tokens, self.links[r.dst])
+            self.eng.after(seconds, self._migration_done, r, tokens)
 
     def _migration_done(self, r: MigrationRequest, tokens: int) -> None:
         self._busy.difference_update((r.src, r.dst))

@@ -105,6 +105,7 @@ class Worker:
         self.preemptions = 0
         # prefixes of turns preempted in this admission pass -> the turn they were preempted for
         self._persist: dict[int, int] = {}
+        self.pinned: set[int] = set()  # idle prefixes a KV move copies now: never evicted
 
     # ---- views -------------------------------------------------------------------------
     @property
@@ -159,9 +160,9 @@ class Worker:
         return free + evictable >= tokens
 
     def _protected(self, keep: int) -> set[int]:
-        """Prefixes of turns preempted in this admission pass, but for `keep`'s own victims:
-        only the turn that outranked them may take their room."""
-        return {t for t, head in self._persist.items() if head != keep}
+        """Prefixes of turns preempted in this admission pass, but for `keep`'s own victims
+        (only the turn that outranked them may take their room), and those a move copies."""
+        return {t for t, head in self._persist.items() if head != keep} | self.pinned
 
     def _evictable(self, traj_id: int, rank: float) -> bool:
         """Under `priority_eviction`: a prefix that its trajectory will read again here is
