@@ -44,13 +44,16 @@ def _batch(n: int, seed: int) -> list[TrajectorySpec]:
     return out
 
 
-def _config(placement: str, scheduler: str, engines: int = 3, cap: int = 6) -> RolloutServerConfig:
+def _config(
+    placement: str, scheduler: str, engines: int = 3, cap: int = 6, move_kv: bool = True
+) -> RolloutServerConfig:
     return RolloutServerConfig(
         placement=placement,
         scheduler=scheduler,
         model="qwen3-8b",
         gpu="h100",
         engines=tuple(EngineConfig(url=f"http://sim{i}", max_running=cap) for i in range(engines)),
+        move_kv=move_kv,
     )
 
 
@@ -177,12 +180,18 @@ def _replay(
                     client=None,
                     model=src.model,
                     capacity=Capacity(configured=src.config.max_running, kv_full=0.95),
+                    kv=src.kv,  # what the driver's probe learns of an engine that moves KV
                 )
             )
         elif isinstance(event, ev.EngineLoaded | ev.Probed):
             e = type(event)(core.fleet.engines[event.engine.id], *_rest(event, 1))
         elif isinstance(event, ev.Chunk | ev.AttemptDone | ev.AttemptRejected | ev.PriorityRefused):
             e = type(event)(mine[order[id(event.turn)]], *_rest(event, 1))
+        elif isinstance(event, ev.KvMoved):
+            engines = core.fleet.engines
+            t = core.trajectories.get(event.trajectory.key, event.trajectory)
+            src, dst = engines[event.src.id], engines[event.dst.id]
+            e = ev.KvMoved(t, src, dst, *_rest(event, 3))
         elif isinstance(event, ev.Predicted):
             t = core.trajectories.get(event.trajectory.key, event.trajectory)  # (ended: ignored)
             e = ev.Predicted(t, event.steps, event.total)
@@ -252,7 +261,9 @@ class _Stay(Router):
         return 0
 
 
-def _agents(n: int, turns: int = 3) -> list[TrajectorySpec]:
+def _agents(
+    n: int, turns: int = 3, prompt: int = 2048, tool_s: float = 1.0
+) -> list[TrajectorySpec]:
     return [
         TrajectorySpec(
             traj_id=i,
@@ -260,7 +271,7 @@ def _agents(n: int, turns: int = 3) -> list[TrajectorySpec]:
             sample_idx=0,
             workload=WorkloadKind.CODING,
             turns=(
-                *(TurnSpec(2048 if k == 0 else 256, 256, 1.0) for k in range(turns - 1)),
+                *(TurnSpec(prompt if k == 0 else 256, 256, tool_s) for k in range(turns - 1)),
                 TurnSpec(256, 256, None),
             ),
         )
@@ -275,11 +286,16 @@ def _served(
     cap: int = 64,
     engines: int = 2,
     predictions: list[list[float]] | None = None,
+    move_kv: bool = False,
+    nodes: tuple[int, ...] = (),
 ) -> Any:
-    config = _config("least_load", "fcfs", engines=engines, cap=cap)
+    """`specs` through the core over `engines` emulated engines (on `nodes`, else one node);
+    by default moves prefill again (the issue 28 rule), `move_kv`: they copy the KV."""
+    config = _config("least_load", "fcfs", engines=engines, cap=cap, move_kv=move_kv)
+    where = nodes or (0,) * engines
     res = ServedRollout(
         specs,
-        [EmulatedEngineConfig(spec=SPEC)] * engines,
+        [EmulatedEngineConfig(spec=SPEC, node=where[i]) for i in range(engines)],
         config,
         predictions=predictions,
         core=lambda cfg: make_core(cfg, router=router),
@@ -347,3 +363,44 @@ def test_the_routers_time_per_turn_queues_turns_in_the_order_they_arrive() -> No
     ).run()  # fmt: skip
     assert res.finish_s[0] > 10.0
     assert res.finish_s[1] < 2.0
+
+
+# ---- moves that carry their KV (Heddle §5.3) -------------------------------------------------
+
+
+def test_a_move_whose_copy_the_tool_call_hides_costs_no_prefill() -> None:
+    # The flipper asks every trajectory to move at every tool call. Copying the KV (about
+    # 20 ms for a 2,300-token context over NVLink) hides behind the 1 s tool call: the moves
+    # are made, the next turns find their contexts cached where they moved, nothing is
+    # prefilled again, and the batch ends no later than with a router that never moves.
+    flipper = _Flipper()
+    res = _served(_agents(8), flipper, move_kv=True)
+    assert flipper.moved > 0
+    assert 0 < res.counts["kv_copies"] <= flipper.moved  # (a move back home copies nothing)
+    assert res.counts["kv_copies_failed"] == res.counts["kv_copies_dropped"] == 0
+    assert res.reprefill["migration"] == 0
+    stay = _served(_agents(8), _Stay())
+    assert res.cache_hit_tokens == stay.cache_hit_tokens
+    assert res.prefill_tokens == stay.prefill_tokens
+    assert res.makespan_s <= stay.makespan_s  # (the moves spread the decoding over two)
+
+
+def test_a_copy_the_tool_call_cannot_hide_is_weighed_like_a_prefill() -> None:
+    # Engines on two nodes, long contexts and tool calls of no time: the copy over the
+    # network is all exposed and saves no wait, so no move is made.
+    specs = _agents(4, prompt=60_000, tool_s=0.0)
+    flipper = _Flipper()
+    res = _served(specs, flipper, move_kv=True, nodes=(0, 1))
+    assert flipper.asked > 0 and flipper.moved == 0
+    assert res.counts["kv_copies"] == 0
+
+
+def test_a_turn_that_comes_before_its_kv_waits_for_it_and_finds_it_cached() -> None:
+    # A 3 ms tool call against a copy of about 30 ms over the network: the next turn waits
+    # for its KV, then finds it cached where it moved.
+    specs = _agents(2, prompt=8000, tool_s=0.003)
+    flipper = _Flipper()
+    res = _served(specs, flipper, move_kv=True, nodes=(0, 1), predictions=[[1e6] * 3] * 2)
+    assert flipper.moved > 0 and res.counts["kv_copies"] > 0
+    assert res.reprefill["migration"] == 0
+    assert res.counts["kv_copied_tokens"] >= 8000

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from loom.core.errors import Conflict, NotFound, Unavailable
+from loom.perf.transfer import KvLinks
 from loom.runtime.rollout import events as ev
 from loom.runtime.rollout.admission import Capacity
 from loom.runtime.rollout.config import EngineConfig, RolloutServerConfig
@@ -81,6 +82,7 @@ class CoreMachine(RuleBasedStateMachine):
         self.predicts: dict[int, Any] = {}
         self.n = 0
         self.dead: set[str] = set()
+        self.copies: list[ev.MoveKv] = []  # on their way
         for _ in range(2):
             self._add()
 
@@ -112,6 +114,14 @@ class CoreMachine(RuleBasedStateMachine):
                 self.probes.append(c.engine)
             elif kind is ev.Predict:
                 self.predicts[c.trajectory.traj_id] = c.trajectory
+            elif kind is ev.MoveKv:
+                busy = {e.idx for m in self.copies for e in (m.src, m.dst)}
+                assert not {c.src.idx, c.dst.idx} & busy, "an engine in two copies at once"
+                t = c.trajectory
+                assert not t.active, "a copy for a trajectory that is not in a tool call"
+                last = t.last_turn
+                assert last is not None and c.tokens == last.prompt + last.generated
+                self.copies.append(c)
         return value
 
     def _add(self) -> None:
@@ -124,6 +134,7 @@ class CoreMachine(RuleBasedStateMachine):
             client=None,
             model="m",
             capacity=Capacity(configured=CAP),
+            kv=KvLinks.of("qwen3-8b", "h100", node=idx % 2),
         )
         self.do(ev.EngineAdded(e))
         self.n += 1
@@ -310,6 +321,14 @@ class CoreMachine(RuleBasedStateMachine):
         for t in predicts.values():
             self.do(ev.Predicted(t, t.steps_done, total))
 
+    @rule(j=st.integers(0, 100), ok=st.booleans())
+    def copy_lands(self, j: int, ok: bool) -> None:
+        """A KV copy ends, or fails, in any order."""
+        if self.copies:
+            c = self.copies.pop(j % len(self.copies))
+            n = len(c.tokens) if ok else 0
+            self.do(ev.KvMoved(c.trajectory, c.src, c.dst, n, 0.01, None if ok else "refused"))
+
     @rule(dt=st.floats(0.01, 8.0))
     def time_passes(self, dt: float) -> None:
         self.t += dt
@@ -339,6 +358,17 @@ class CoreMachine(RuleBasedStateMachine):
                 assert turn.seq in turn.traj.active
 
     @invariant()
+    def a_turn_waits_for_its_kv_only_while_a_copy_is_on_its_way(self) -> None:
+        core = self.core
+        for tid in core.held:
+            t = core.by_tid[tid]
+            if t.moving is None:
+                continue
+            flying = any(c.trajectory is t and c.dst.idx == t.moving for c in self.copies)
+            asked = any(r.traj_id == tid and r.dst == t.moving for r in core._copies)
+            assert flying or asked, f"{t.key}'s turns wait for a copy that will never come"
+
+    @invariant()
     def the_engines_run_exactly_what_the_core_admitted(self) -> None:
         for e in self.core.fleet.engines.values():
             assert len(e.running) <= CAP
@@ -365,7 +395,9 @@ class CoreMachine(RuleBasedStateMachine):
         for _ in range(500):
             if all(t.ended for t in self.turns):
                 break
-            if self.attempts:
+            if self.copies:
+                self.copy_lands(0, True)
+            elif self.attempts:
                 self.finish(0, False)
             else:
                 self.time_passes(1.0)
@@ -382,6 +414,8 @@ class CoreMachine(RuleBasedStateMachine):
                     or "priority refused" in turn.error
                 ), turn.error
         assert not self.attempts, "an attempt outlived the shutdown"
+        while self.copies:  # a copy that lands after the shutdown changes nothing
+            self.copy_lands(0, True)
 
 
 class RoseCoreMachine(CoreMachine):

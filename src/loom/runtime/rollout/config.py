@@ -184,6 +184,12 @@ class RolloutServerConfig(_Settings, Access):
     max_preemptions: int = Field(
         default=1, ge=0, description="times one turn may be preempted (0: never)"
     )
+    move_kv: bool = Field(
+        default=True,
+        description="when the placement moves a trajectory between engines during its tool "
+        "call, copy its KV cache to the new engine instead of prefilling it there again, "
+        "where both engines can (Loom's emulated engines: Heddle §5.3)",
+    )
     load_interval_s: float = Field(
         default=0.5, gt=0, description="how often the router asks each engine for its load"
     )

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -39,6 +40,7 @@ from typing import Any
 
 from loom.core.errors import Conflict, LoomError, NotFound, Unavailable, UpstreamError, http_status
 from loom.perf.latency import LatencyModel
+from loom.rollout.heddle.transmission import MigrationRequest, select_batch
 from loom.rollout.moves import decode_step_s, move_pays, pace_gain_s, prefill_s, slot_wait_s
 from loom.rollout.policy import Router, TurnScheduler
 from loom.runtime.rollout import events as ev
@@ -84,6 +86,7 @@ class CoreSettings:
     first_token_timeout_s: float = 600.0  # no first token for this long: the attempt moves
     idle_trajectory_s: float = 3600.0  # a trajectory silent this long has ended
     health_failures: int = 3  # failed health checks in a row that take an engine out
+    move_kv: bool = True  # a migration copies the KV where both engines can (Heddle §5.3)
 
     @classmethod
     def of(cls, config: Any) -> CoreSettings:
@@ -95,10 +98,30 @@ class MoveRule:
     """A move weighed by time (`loom.rollout.moves`): the wait it saves against what
     prefilling the turn's context there costs beyond staying, by each engine's latency model
     (its degree) and its measured pace. Late binding, Heddle's migrations and PPS's
-    preemptions all ask it."""
+    preemptions all ask it. A migration whose KV moves with it (`move_kv`, between engines
+    that move KV) costs the part of the copy its tool call does not hide instead."""
 
-    def __init__(self, latency: Callable[[int], LatencyModel | None]) -> None:
+    def __init__(
+        self, latency: Callable[[int], LatencyModel | None], *, move_kv: bool = True
+    ) -> None:
         self.latency = latency
+        self.move_kv = move_kv
+
+    def carries_kv(self, t: Trajectory, src: EngineState, dst: EngineState) -> bool:
+        """Whether moving `t` from `src` to `dst` now copies its KV there: it is in a tool
+        call with its context cached at `src`, and both engines move KV."""
+        return (
+            self.move_kv
+            and src.kv is not None
+            and dst.kv is not None
+            and not t.active
+            and t.prefix.get(src.idx, 0) > 0
+        )
+
+    def transfer_s(self, t: Trajectory, src: EngineState, dst: EngineState) -> float:
+        """Seconds copying `t`'s KV from `src` to `dst` takes (`loom.perf.transfer`)."""
+        assert src.kv is not None and dst.kv is not None, "engines that move no KV"
+        return src.kv.transfer_s(t.prefix.get(src.idx, 0), dst.kv)
 
     def prefill_s(self, e: EngineState, tokens: int, cached: int) -> float:
         """Seconds prefilling `tokens`, `cached` of them in its prefix cache, adds to a step
@@ -132,14 +155,41 @@ class MoveRule:
         wait = slot_wait_s(len(src.running), src.pace.turn_s, ahead)
         return wait > self.extra_prefill_s(turn.traj, seq, src, dst)
 
-    def migration_pays(self, t: Trajectory, src: EngineState, dst: EngineState) -> bool:
+    def step_without_s(self, e: EngineState) -> float | None:
+        """A decode step of `e`'s running turns alone."""
+        held = sum(len(r.prompt) + len(r.generated) for r in e.running.values())
+        return decode_step_s(self.latency(e.tp), len(e.running), held)
+
+    def others_s(self, remaining: float, src: EngineState, dst: EngineState, seq: int) -> float:
+        """What running a trajectory of `seq` tokens at `dst` rather than `src` costs the
+        other turns running at both, over its `remaining` tokens: each of `dst`'s takes a
+        step with it among them, each of `src`'s one without (negative where they gain)."""
+        if not (math.isfinite(remaining) and remaining > 0):
+            return 0.0
+        cost = 0.0
+        for e, sign in ((dst, 1.0), (src, -1.0)):
+            with_it, without = self.step_s(e, seq), self.step_without_s(e)
+            if with_it is None or without is None:
+                return 0.0
+            cost += sign * len(e.running) * (with_it - without)
+        return remaining * cost
+
+    def migration_pays(
+        self, t: Trajectory, src: EngineState, dst: EngineState, tool_left_s: float = 0.0
+    ) -> bool:
         """Heddle's migration between turns: the wait its next turn saves at `dst`, with the
         time its remaining tokens (as predicted) save decoding at `dst`'s step, must exceed
-        what prefilling its context there costs beyond at `src`."""
+        what the move costs: prefilling its context there beyond at `src` (or, where its KV
+        moves, the part of the copy the `tool_left_s` its tool call is expected to run yet
+        does not hide), and what it does to the other turns at both engines."""
         seq = t.pending_context
-        cost = self.extra_prefill_s(t, seq, src, dst)
+        if self.carries_kv(t, src, dst):
+            cost = max(0.0, self.transfer_s(t, src, dst) - tool_left_s)
+        else:
+            cost = self.extra_prefill_s(t, seq, src, dst)
         remaining = float(t.predicted_total) - t.generated
         gain = pace_gain_s(remaining, self.step_s(src, seq), self.step_s(dst, seq))
+        cost += self.others_s(remaining, src, dst, seq)
         return move_pays(cost, self.slot_wait(src), self.slot_wait(dst), gain)
 
     def preemption_pays(self, e: EngineState, victim: Turn) -> bool:
@@ -186,6 +236,11 @@ class RouterCore:
         self._tids = itertools.count()
         self._anon = itertools.count()
         self._probing: set[str] = set()  # engines whose health a `Probe` checks now
+        # KV copies (Heddle §5.3): asked for and not started, and the engines (by index) a
+        # copy runs between now: one copy per engine at a time, longest trajectory first
+        self._copies: list[MigrationRequest] = []
+        self._copying: set[int] = set()
+        self.tool_s: float | None = None  # tool calls' mean length, over every trajectory
         self.closed = False
         self.now = 0.0
         self._out: list[ev.Command] = []
@@ -221,6 +276,7 @@ class RouterCore:
             ev.Abort: self._abort,
             ev.Abandon: self._abandon,
             ev.Predicted: self._predicted,
+            ev.KvMoved: self._kv_moved,
             ev.Tick: self._tick,
             ev.Shutdown: self._shutdown,
         }
@@ -498,7 +554,9 @@ class RouterCore:
             self._enqueue(by_idx[idx], q.popleft())
             again += q  # its other held turns ask the router again
         for tid in [t for t in self.held if t not in self._router_held]:
-            again += self.held.pop(tid)
+            t = self.by_tid.get(tid)
+            if t is None or t.moving is None:  # (else its turns wait for their KV)
+                again += self.held.pop(tid)
         for turn in again:
             self._place(turn)
 
@@ -605,7 +663,7 @@ class RouterCore:
         t = self.by_tid.get(traj.traj_id)
         if src is None or dst is None or t is None:
             return True  # its home is gone: it must move anyway
-        if self.moves.migration_pays(t, src, dst):
+        if self.moves.migration_pays(t, src, dst, self._tool_left_s(t)):
             return True
         self.counts["migrations_declined"] += 1
         return False
@@ -622,12 +680,90 @@ class RouterCore:
         dest = next((e for e in live if e.idx == target), None)
         if dest is None:
             return
+        if not t.active:  # in a tool call: its KV goes ahead where it can
+            self._drop_copy(t)
+            t.moving = None  # (a copy on its way elsewhere lands, but nothing waits for it)
+            src = self.fleet.by_idx(t.host)
+            if src is not None and src is not dest and self.moves.carries_kv(t, src, dest):
+                self._copy(t, src, dest)
         for turn in list(t.active.values()):
             src = turn.engine
             if turn.state is TurnState.QUEUED and src is not None and src is not dest:
                 src.waiting.remove(turn)
                 turn.bound = "migration"
                 self._enqueue(dest, turn)
+
+    def _tool_left_s(self, t: Trajectory) -> float:
+        """Seconds `t`'s tool call is expected to run yet (0 where it is in none): its own
+        calls' mean length, else every trajectory's, less the time since it began."""
+        if t.active or t.last_end_s is None:
+            return 0.0
+        own = [r.tool_latency_s for r in t.records if r.tool_latency_s is not None]
+        mean = sum(own) / len(own) if own else self.tool_s
+        return 0.0 if mean is None else max(0.0, mean - (self.now - t.last_end_s))
+
+    # ---- KV copies (Heddle §5.3) ----------------------------------------------------------
+
+    def _copy(self, t: Trajectory, src: EngineState, dst: EngineState) -> None:
+        """`t`, in a tool call, moves from `src` to `dst`: its KV is copied ahead of its next
+        turn, which waits for the copy if it comes first."""
+        self._drop_copy(t)
+        t.moving = dst.idx
+        tokens = t.prefix.get(src.idx, 0)
+        self._copies.append(
+            MigrationRequest(t.traj_id, src.idx, dst.idx, tokens, float(t.predicted_total))
+        )
+        self._soon(self._start_copies)
+
+    def _drop_copy(self, t: Trajectory) -> bool:
+        """Forget `t`'s copy that has not started; whether there was one."""
+        n = len(self._copies)
+        self._copies = [r for r in self._copies if r.traj_id != t.traj_id]
+        if len(self._copies) == n:
+            return False
+        t.moving = None
+        self.counts["kv_copies_dropped"] += 1
+        return True
+
+    def _start_copies(self, _: Any = None) -> None:
+        """Start the copies Heddle's transmission scheduler picks: longest first, no engine
+        in two at once."""
+        for r in select_batch(self._copies, self._copying):
+            self._copies.remove(r)
+            t = self.by_tid.get(r.traj_id)
+            src, dst = self.fleet.by_idx(r.src), self.fleet.by_idx(r.dst)
+            last = t.last_turn if t is not None else None
+            if t is None or last is None or src is None or dst is None or t.moving != r.dst:
+                if t is not None and t.moving == r.dst:
+                    self._copied(t)
+                continue
+            self._copying.update((r.src, r.dst))
+            self.counts["kv_copies"] += 1
+            self._emit(ev.MoveKv(t, src, dst, last.prompt + last.generated))
+
+    def _kv_moved(self, event: ev.KvMoved) -> None:
+        t, src, dst = event.trajectory, event.src, event.dst
+        self._copying.difference_update((src.idx, dst.idx))
+        if event.tokens > 0:
+            self.counts["kv_copied_tokens"] += event.tokens
+            self.ledger.timing["kv_copy_s"] += event.seconds
+            t.prefix[dst.idx] = max(t.prefix.get(dst.idx, 0), event.tokens)
+        else:
+            self.counts["kv_copies_failed"] += 1
+            log.warning("KV copy %s to %s of %s failed: %s", src.id, dst.id, t.key, event.error)
+        if t.moving == dst.idx:
+            self._copied(t)
+        self._soon(self._start_copies)
+
+    def _copied(self, t: Trajectory) -> None:
+        """`t`'s copy ended (or will not run): the turns that waited for it are placed."""
+        t.moving = None
+        if self.by_tid.get(t.traj_id) is not t:
+            return
+        waiting = self.held.pop(t.traj_id, None)
+        for turn in waiting or ():
+            self.ledger.timing["kv_wait_s"] += self.now - turn.arrival_s
+            self._place(turn)
 
     def _handle_stale(self, _: Any = None) -> None:
         for tid in self.router.stale():
@@ -864,6 +1000,7 @@ class RouterCore:
             e.completed += 1
             if engine_done:
                 self._computed_at(e, turn)
+                turn.traj.last_turn = turn
                 first = turn.first_token_s
                 e.pace.observe(
                     start_s=first - turn.attempt_s
@@ -1131,7 +1268,9 @@ class RouterCore:
                 self.router.join(t, self.current() or self.live())
         elif not t.active and t.last_end_s is not None and t.records:
             last = t.records[-1]
-            t.records[-1] = TurnRecord(last.input_tokens, last.output_tokens, now - t.last_end_s)
+            tool = now - t.last_end_s
+            t.records[-1] = TurnRecord(last.input_tokens, last.output_tokens, tool)
+            self.tool_s = tool if self.tool_s is None else self.tool_s + 0.05 * (tool - self.tool_s)
         t.turn_arrival_s = now
         t.last_seen_s = now
         turns = []
@@ -1149,8 +1288,13 @@ class RouterCore:
             turns.append(turn)
         self.counts["turns"] += n
         self._emit(ev.Reply(turns))
+        if t.moving is not None:
+            self._drop_copy(t)  # not started yet: the turn goes now, its context prefilled
         for turn in turns:
-            self._place(turn)
+            if t.moving is not None:
+                self._hold(turn)  # its KV is on its way: it waits for it (`_copied`)
+            else:
+                self._place(turn)
 
 
 def prompt_hash(prompt: list[int]) -> int:

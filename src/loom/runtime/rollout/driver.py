@@ -92,6 +92,7 @@ class RolloutDriver:
             ev.Start: self._start,
             ev.Stop: self._stop,
             ev.Probe: self._probe,
+            ev.MoveKv: self._move_kv,
             ev.Predict: lambda c: self.forecasts.ask(c.trajectory),
             ev.Record: lambda c: self.forecasts.learn(c.trajectory),
             ev.TurnEnded: self._ended,
@@ -280,6 +281,9 @@ class RolloutDriver:
     def _probe(self, c: ev.Probe) -> None:
         self._spawn(self._probe_health(c.engine, c.reason))
 
+    def _move_kv(self, c: ev.MoveKv) -> None:
+        self._spawn(self._copy(c))
+
     def _ended(self, c: ev.TurnEnded) -> None:
         turn = c.turn
         self._attempts.pop(turn.seq, None)
@@ -345,6 +349,19 @@ class RolloutDriver:
     async def _abort_quietly(self, client: EngineClient, rid: str) -> None:
         with contextlib.suppress(Exception):
             await client.abort(rid)
+
+    async def _copy(self, c: ev.MoveKv) -> None:
+        """A KV copy between two engines, its end an event whatever happens."""
+        tokens, seconds, error = 0, 0.0, None
+        try:
+            tokens, seconds = await _client(c.src).send_kv(c.tokens, c.dst.config.url)
+        except (EngineError, EngineRejected) as exc:
+            error = str(exc)
+        except asyncio.CancelledError:
+            error = "the router is shutting down"
+            raise
+        finally:
+            self.send(ev.KvMoved(c.trajectory, c.src, c.dst, tokens, seconds, error))
 
     async def _probe_health(self, e: EngineState, reason: str) -> None:
         ok = await _client(e).health(self.config.engine_call_timeout_s)

@@ -42,7 +42,8 @@ import aiohttp
 import orjson
 from yarl import URL
 
-from loom.core.errors import UpstreamError
+from loom.core.errors import ConfigError, UpstreamError
+from loom.perf.transfer import KvLinks
 from loom.runtime.rollout.config import EngineKind
 from loom.runtime.rollout.fields import sglang_sampling, vllm_sampling
 from loom.runtime.rollout.turn import (
@@ -165,6 +166,24 @@ class EngineClient:
 
     async def abort(self, rid: str) -> None:
         raise NotImplementedError
+
+    async def kv_links(self) -> KvLinks | None:
+        """What the engine's KV moves over, where it moves KV between engines (Loom's
+        `/loom/kv`: emulated engines); None where it does not."""
+        try:
+            data = await self._get_json("/loom/kv")
+            return KvLinks(**data["links"])
+        except (EngineError, EngineRejected, KeyError, TypeError, ConfigError):
+            return None
+
+    async def send_kv(self, tokens: list[int], to: str) -> tuple[int, float]:
+        """Copy the KV it holds of `tokens` to the engine at `to`: the tokens that arrived
+        and the engine's seconds the copy took."""
+        data = await self._post_json("/loom/kv/send", {"tokens": tokens, "to": to})
+        try:
+            return int(data["tokens"]), float(data["seconds"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise EngineError(f"{self.url}/loom/kv/send answered {str(data)[:200]}") from exc
 
     async def load(self) -> EngineLoad:
         """What the engine says of its load now (`EngineError` where it says nothing)."""

@@ -41,6 +41,8 @@ __all__ = [
     "EngineUp",
     "Event",
     "Health",
+    "KvMoved",
+    "MoveKv",
     "Predict",
     "Predicted",
     "PriorityRefused",
@@ -281,6 +283,19 @@ class Tick(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class KvMoved(Event):
+    """The KV copy of `trajectory`'s context from `src` to `dst` ended: `tokens` of it
+    arrived (0 where it failed, with `error` saying why) in `seconds` (the engines')."""
+
+    trajectory: Trajectory
+    src: EngineState
+    dst: EngineState
+    tokens: int
+    seconds: float = 0.0
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Shutdown(Event):
     """Stop: every turn in flight ends with `reason` for its client."""
 
@@ -338,6 +353,17 @@ class Predict(Command):
     """Predict `trajectory`'s total anew (it is in a tool call); answer with `Predicted`."""
 
     trajectory: Trajectory
+
+
+@dataclass(frozen=True, slots=True)
+class MoveKv(Command):
+    """Copy the KV `src` holds of `trajectory`'s context (`tokens`) to `dst`; answer with
+    `KvMoved`."""
+
+    trajectory: Trajectory
+    src: EngineState
+    dst: EngineState
+    tokens: list[int]
 
 
 @dataclass(frozen=True, slots=True)

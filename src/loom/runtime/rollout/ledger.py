@@ -33,6 +33,10 @@ COUNTS = {
     "priority_refused": "engines that refused the priority field",
     "removed": "engines drained and forgotten",
     "moved": "turns resumed elsewhere because their draining engine left",
+    "kv_copies": "KV caches copied to a trajectory's new engine during its tool call",
+    "kv_copies_failed": "KV copies that failed (the next turn prefills its context again)",
+    "kv_copies_dropped": "KV copies not started before the next turn came (it goes without)",
+    "kv_copied_tokens": "tokens of KV copied between engines",
 }
 
 
@@ -74,6 +78,8 @@ class Ledger:
             "first_token_s": 0.0,
             "decode_s": 0.0,
             "longest_wait_s": 0.0,
+            "kv_copy_s": 0.0,  # the engines' seconds copying KV
+            "kv_wait_s": 0.0,  # turns' seconds waiting for their KV to arrive
         }
     )
     turn_seconds: Histogram = field(default_factory=Histogram)  # arrival to end

@@ -123,7 +123,7 @@ def make_core(
         CoreSettings.of(config),
         router=router or make_router(config, history=history),
         scheduler=scheduler or SCHEDULERS.get(config.scheduler)(),
-        moves=MoveRule(latency_models(config)),
+        moves=MoveRule(latency_models(config), move_kv=config.move_kv),
         **kwargs,
     )
 

@@ -77,6 +77,7 @@ class EngineRegistry:
         log.info(
             "engine %s (%s, tp %d%s) at %s", eid, kind.value, cfg.tp, ", lent" * cfg.lent, cfg.url
         )
+        kv = await client.kv_links() if self.config.move_kv else None
         return EngineState(
             idx=idx,
             id=eid,
@@ -89,6 +90,7 @@ class EngineRegistry:
             ),
             send_priority=cfg.priority and info.priority is not False,
             high_first=client.high_first,
+            kv=kv,
         )
 
     def kinds(self) -> frozenset[EngineKind]:

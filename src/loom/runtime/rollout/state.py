@@ -28,6 +28,7 @@ from loom.runtime.rollout.turn import (
 )
 
 if TYPE_CHECKING:
+    from loom.perf.transfer import KvLinks
     from loom.runtime.rollout.config import EngineConfig
     from loom.runtime.rollout.engines import EngineClient
 
@@ -75,6 +76,8 @@ class Trajectory:
     # tokens of its context each engine (by index) computed last: a prefix it may hold cached
     prefix: dict[int, int] = field(default_factory=dict)
     migrated: bool = False  # the router moved its home since its last turn ran
+    last_turn: Turn | None = None  # its latest turn that an engine finished: its context
+    moving: int | None = None  # the engine (index) its KV is on its way to
     ended: bool = False
     started: bool = False  # its first turn arrived
     one_turn: bool = False  # anonymous: ends with its only request
@@ -113,6 +116,7 @@ class EngineState:
     reported: EngineLoad | None = None  # its latest load report
     send_priority: bool = True  # requests carry the scheduler's key as their priority
     high_first: bool = False  # it runs higher `priority` values first (SGLang's default)
+    kv: KvLinks | None = None  # what its KV moves over, where it moves KV (Loom's engines)
     # counters for /v1/stats
     admitted: int = 0
     completed: int = 0
@@ -359,6 +363,9 @@ class Fleet:
         if e is None:
             raise UnknownEngine(key)
         return e
+
+    def by_idx(self, idx: int) -> EngineState | None:
+        return next((e for e in self.engines.values() if e.idx == idx), None)
 
     def by_url(self, url: str) -> EngineState | None:
         url = url.rstrip("/")

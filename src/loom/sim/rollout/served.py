@@ -28,6 +28,7 @@ from loom.core.trajectory import TrajectorySpec
 from loom.perf.latency import LatencyModel
 from loom.runtime.emulate.config import EmulatedEngineConfig
 from loom.runtime.emulate.core import EmulatedEngine, Request
+from loom.runtime.emulate.kv import HOLD_SLACK_S
 from loom.runtime.rollout import events as ev
 from loom.runtime.rollout.admission import Capacity
 from loom.runtime.rollout.config import EngineConfig, EngineKind, RolloutServerConfig
@@ -147,6 +148,7 @@ class ServedRollout:
             ev.TurnEnded: self._ended,
             ev.Predict: self._predict,
             ev.Probe: self._probe,
+            ev.MoveKv: self._move_kv,
             ev.WakeAt: self._wake,
             ev.Record: lambda c: None,  # the predictor's history is the served driver's
             ev.Stream: lambda c: None,  # no client streams here
@@ -309,6 +311,27 @@ class ServedRollout:
         k = min(t.steps_done, len(steps) - 1)
         self._later(ev.Predicted(t, t.steps_done, float(steps[k])))
 
+    def _move_kv(self, c: ev.MoveKv) -> None:
+        """The copy `loom.runtime.emulate.kv` makes between served engines: the sender
+        pins the context, the receiver takes room for it, the link's time passes, it lands."""
+        src, dst = self.emus[c.src.idx], self.emus[c.dst.idx]
+        tid, n = src.hold_prefix(c.tokens)
+        seconds = src.links.transfer_s(n, dst.links)
+        cid = dst.reserve_prefix(c.tokens[:n], 2 * seconds + HOLD_SLACK_S) if n else None
+        if cid is None:
+            if n:
+                src.release_prefix(tid, 0)
+            error = "no room there" if n else "nothing cached"
+            self._later(ev.KvMoved(c.trajectory, c.src, c.dst, 0, error=error))
+            return
+
+        def landed() -> None:
+            dst.commit_prefix(cid)
+            src.release_prefix(tid, n)
+            self.send(ev.KvMoved(c.trajectory, c.src, c.dst, n, seconds))
+
+        self.clock.after(seconds, landed)
+
     def _probe(self, c: ev.Probe) -> None:
         self._later(ev.Probed(c.engine, True, c.reason))  # simulated engines do not fail
 
@@ -337,6 +360,7 @@ def _engine(core: RouterCore, cfg: EngineConfig, emu: EmulatedEngine) -> EngineS
         version=core.fleet.version,
         capacity=Capacity(configured=cfg.max_running, kv_full=0.95),
         send_priority=cfg.priority,
+        kv=emu.links if core.moves.move_kv else None,
     )
 
 
