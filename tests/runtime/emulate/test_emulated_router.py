@@ -1,6 +1,7 @@
 """Loom's router in front of emulated GPU engines, as in front of vLLM: a multi-turn
 trajectory with logprobs, preemption with an exact resume (found in the engine's prefix
-cache), the scheduler's key passed as the engine's priority, and an abort."""
+cache), the scheduler's key passed as the engine's priority, an abort, and a trajectory that
+moves between engines with its KV cache."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ import httpx
 import pytest
 from emulated_batch import reference
 
+from loom.rollout.policy import Router
 from loom.runtime.emulate import EmulatedProcess
 from loom.runtime.rollout import BackgroundRouter, EngineConfig, RolloutServerConfig
+from loom.runtime.rollout.driver import RolloutDriver
 
 SPEC = "qwen3-14b@h100:tp2"
 
@@ -131,3 +134,64 @@ def test_an_abort_through_the_router_returns_what_was_generated(engines) -> None
     ):
         assert time.monotonic() < deadline
         time.sleep(0.02)
+
+
+class _Across(Router):
+    """Each trajectory's next turn goes to the engine its last turn did not run on."""
+
+    def __init__(self) -> None:
+        self.home: dict[int, int] = {}
+
+    def route(self, t, workers, now):  # type: ignore[no-untyped-def]
+        return self.home.setdefault(t.traj_id, workers[0].idx)
+
+    def migrate(self, t, workers, now):  # type: ignore[no-untyped-def]
+        other = next((w.idx for w in workers if w.idx != t.host), None)
+        if t.host < 0 or other is None:
+            return None
+        self.home[t.traj_id] = other
+        return other
+
+
+@pytest.mark.parametrize("move_kv", [True, False])
+def test_a_moved_trajectory_finds_its_context_cached_where_it_moved(engines, move_kv) -> None:
+    """Every tool call moves the trajectory to the other engine: with its KV copied there
+    meanwhile, each next turn finds its whole context cached, and its tokens and logprobs are
+    those of a run that never moved; without the copy it prefills everything again."""
+    cfg = RolloutServerConfig(
+        port=0,
+        engines=tuple(EngineConfig(url=e.url, max_running=8) for e in engines),
+        placement="least_load",
+        scheduler="fcfs",
+        move_kv=move_kv,
+    )
+    base = 2003 if move_kv else 2011  # (told apart in the engines' logs by length)
+    ctx = [1 + (i * 37 + base) % 5000 for i in range(base)]
+    lengths = []
+    with (
+        BackgroundRouter(cfg, RolloutDriver(cfg, router=_Across())) as r,
+        httpx.Client(base_url=r.url, timeout=300) as http,
+    ):
+        for step in range(3):
+            lengths.append(len(ctx))
+            choice = complete(http, f"mv{move_kv}", ctx, 40, logprobs=1)
+            assert (choice["token_ids"], choice["logprobs"]["token_logprobs"]) == reference(ctx, 40)
+            ctx += choice["token_ids"] + [9 + step] * 20  # the tool's reply
+            time.sleep(0.5)  # the tool call: the copy runs meanwhile
+        counts = http.get("/v1/stats").json()["policy"]
+        http.post(f"/v1/trajectories/mv{move_kv}/end")
+    where = {
+        r["prompt_tokens"]: (i, r["cached_tokens"])
+        for i, e in enumerate(engines)
+        for r in log(e)
+        if r["prompt_tokens"] in lengths
+    }
+    assert [where[n][0] for n in lengths] == [0, 1, 0]  # it moved at every tool call
+    cached = [where[n][1] for n in lengths[1:]]
+    if move_kv:
+        # one copy after each turn (the router cannot tell the last one from the others)
+        assert counts["kv_copies"] == 3 and counts["kv_copies_failed"] == 0
+        assert cached == [lengths[0] + 40, lengths[1] + 40]  # the whole context found there
+    else:
+        assert counts["kv_copies"] == 0 and counts["migrations"] >= 2
+        assert cached[0] == 0  # the other engine never saw it
