@@ -32,6 +32,7 @@ from loom.runtime.access import UNAUTHORIZED, authorized, is_open
 from loom.runtime.rollout.config import EngineConfig, RolloutServerConfig
 from loom.runtime.rollout.driver import BatchEntry, RolloutDriver, UnknownTrajectory, stable_id
 from loom.runtime.rollout.engines import Delta, EngineError
+from loom.runtime.rollout.fleet import PlannedFleet
 from loom.runtime.rollout.protocol import (
     BadRequest,
     Dialect,
@@ -76,6 +77,11 @@ class _Report(BaseModel):
     version: int | None = Field(default=None, ge=0)
     free_tokens: int | None = Field(default=None, ge=0)
     slack_s: float | None = Field(default=None, allow_inf_nan=False)
+
+
+class _Plan(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    layout: tuple[int, ...] | None = Field(default=None, min_length=1)
 
 
 class _Weights(BaseModel):
@@ -144,6 +150,8 @@ def create_app(config: RolloutServerConfig, driver: RolloutDriver | None = None)
     r.add_get("/v1/trajectories/{id}", get_trajectory)
     r.add_post("/v1/trajectories/{id}/end", end_trajectory)
     r.add_get("/v1/engines", list_engines)
+    r.add_get("/v1/fleet", fleet)
+    r.add_post("/v1/fleet/plan", plan_fleet)
     r.add_post("/v1/engines", add_engine)
     r.add_delete("/v1/engines/{id}", remove_engine)
     r.add_patch("/v1/engines/{id}", report_engine)
@@ -467,6 +475,28 @@ def _engine_view(driver: RolloutDriver, e: EngineState) -> dict[str, Any]:
 async def list_engines(request: web.Request) -> web.Response:
     driver = request.app[DRIVER]
     return _json({"engines": [_engine_view(driver, e) for e in driver.engines.values()]})
+
+
+def _fleet(driver: RolloutDriver) -> PlannedFleet:
+    if driver.fleet is None:
+        raise NotFound("this router starts no engines of its own (no `fleet` in its config)")
+    return driver.fleet
+
+
+async def fleet(request: web.Request) -> web.Response:
+    return _json(_fleet(request.app[DRIVER]).view())
+
+
+async def plan_fleet(request: web.Request) -> web.Response:
+    """Plan the layout again from the history (or take the body's `layout`) and move the
+    fleet to it; answers once the new engines serve."""
+    fleet = _fleet(request.app[DRIVER])
+    raw = await request.read()
+    try:
+        body = _Plan.model_validate(parse_body(raw) if raw.strip() else {})
+    except ValidationError as exc:
+        raise BadRequest(f"invalid plan: {exc}") from None
+    return _json(await fleet.plan(body.layout))
 
 
 async def _add(driver: RolloutDriver, cfg: EngineConfig) -> EngineState:

@@ -18,6 +18,7 @@ from loom.runtime.access import Access
 __all__ = [
     "EngineConfig",
     "EngineKind",
+    "FleetConfig",
     "RolloutServerConfig",
     "engine_spec_syntax",
     "load_config",
@@ -98,6 +99,51 @@ class EngineConfig(_Settings):
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"engine url must start with http:// or https://, got {url!r}")
         return url.rstrip("/")
+
+
+class FleetConfig(_Settings):
+    """Engines the router starts and stops itself, in Heddle's planned layout (§6): the
+    model-parallel degree of each, planned for `gpus` from the router's history of finished
+    trajectories (`POST /v1/fleet/plan` plans again between steps), or a fixed `layout`."""
+
+    gpus: int = Field(ge=1, le=4096, description="GPUs of the rollout")
+    emulate: str | None = Field(
+        default=None,
+        description="MODEL@GPU (e.g. qwen3-14b@h100): emulated engines of that GPU (`loom serve "
+        "engine --emulate`, each at its planned degree); None: vLLM engines (`loom serve "
+        "engine`), on the GPUs the layout gives each",
+    )
+    time_scale: float = Field(
+        default=1.0, gt=0, description="emulated engines: wall seconds per GPU second"
+    )
+    layout: tuple[int, ...] | None = Field(
+        default=None,
+        description="the degree of each engine (a uniform fleet: 2,2,2,2); None: planned "
+        "from the history (with no history yet: every engine at the smallest degree)",
+    )
+    degrees: tuple[int, ...] = Field(
+        default=(1, 2, 4, 8), description="degrees the planner may choose"
+    )
+    gpus_per_node: int = Field(default=8, ge=1, description="GPUs per node: no engine spans two")
+    max_running: int | None = Field(
+        default=None, ge=1, description="each engine's cap in the router (None: what it says)"
+    )
+    engine_args: tuple[str, ...] = Field(
+        default=(), description="more arguments for each engine's command line"
+    )
+    drain_timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="a layout change waits this long for an engine's running turns to finish "
+        "before it moves them elsewhere",
+    )
+
+    @field_validator("layout", "degrees")
+    @classmethod
+    def _positive(cls, value: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        if value is not None and (not value or min(value) < 1):
+            raise ValueError(f"degrees must be >= 1, got {value}")
+        return value
 
 
 class RolloutServerConfig(_Settings, Access):
@@ -205,6 +251,11 @@ class RolloutServerConfig(_Settings, Access):
         gt=0,
         description="a turn on a lent engine with no new token this long has stalled (its "
         "serving traffic comes first, ROSE §4.1): it resumes elsewhere, the engine stays in",
+    )
+    fleet: FleetConfig | None = Field(
+        default=None,
+        description="engines the router starts itself in Heddle's planned layout, and stops "
+        "when it stops",
     )
 
     def with_overrides(self, **values: Any) -> RolloutServerConfig:

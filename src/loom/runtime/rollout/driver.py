@@ -34,6 +34,7 @@ from loom.runtime.rollout.engines import (
     make_engine,
 )
 from loom.runtime.rollout.events import BatchEntry
+from loom.runtime.rollout.fleet import PlannedFleet
 from loom.runtime.rollout.metrics import RouterMetrics
 from loom.runtime.rollout.policies import check_config, make_core, stable_id
 from loom.runtime.rollout.prediction import Forecasts, OnlinePredictor
@@ -88,6 +89,7 @@ class RolloutDriver:
         self._session: aiohttp.ClientSession | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self.forecasts = Forecasts(self.predictor, config.refit_every, self._spawn)
+        self.fleet = PlannedFleet(config.fleet, self) if config.fleet is not None else None
         self._execute: dict[type, Callable[[Any], None]] = {
             ev.Start: self._start,
             ev.Stop: self._stop,
@@ -175,7 +177,11 @@ class RolloutDriver:
         try:
             for e in cfg.engines:
                 await self.add_engine(e)
+            if self.fleet is not None:
+                await self.fleet.start()
         except BaseException:
+            if self.fleet is not None:
+                await self.fleet.close()
             await self._session.close()
             raise
         self._spawn(self.registry.health_loop(self.send))
@@ -191,6 +197,8 @@ class RolloutDriver:
             task.cancel()
         self.send(ev.Shutdown())  # (the aborts it sends the engines are new tasks)
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.fleet is not None:
+            await self.fleet.close()
         if self._session is not None:
             await self._session.close()
             await asyncio.sleep(0)  # let the closed connections' transports finish closing
