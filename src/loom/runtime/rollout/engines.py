@@ -168,22 +168,14 @@ class EngineClient:
         raise NotImplementedError
 
     async def kv_links(self) -> KvLinks | None:
-        """What the engine's KV moves over, where it moves KV between engines (Loom's
-        `/loom/kv`: emulated engines); None where it does not."""
-        try:
-            data = await self._get_json("/loom/kv")
-            return KvLinks(**data["links"])
-        except (EngineError, EngineRejected, KeyError, TypeError, ConfigError):
-            return None
+        """What the engine's KV moves over, where it moves KV to other engines; None: it
+        does not."""
+        return None
 
     async def send_kv(self, tokens: list[int], to: str) -> tuple[int, float]:
         """Copy the KV it holds of `tokens` to the engine at `to`: the tokens that arrived
         and the engine's seconds the copy took."""
-        data = await self._post_json("/loom/kv/send", {"tokens": tokens, "to": to})
-        try:
-            return int(data["tokens"]), float(data["seconds"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise EngineError(f"{self.url}/loom/kv/send answered {str(data)[:200]}") from exc
+        raise EngineError(f"{self.url} moves no KV to other engines")
 
     async def load(self) -> EngineLoad:
         """What the engine says of its load now (`EngineError` where it says nothing)."""
@@ -522,6 +514,21 @@ class VllmEngine(EngineClient):
 
     async def abort(self, rid: str) -> None:
         await self._post_quietly("/abort_requests", {"request_ids": [f"cmpl-{rid}-0"]})
+
+    async def kv_links(self) -> KvLinks | None:
+        """Loom's emulated engines say it at `/loom/kv`; vLLM has no such route."""
+        try:
+            data = await self._get_json("/loom/kv")
+            return KvLinks(**data["links"])
+        except (EngineError, EngineRejected, KeyError, TypeError, ConfigError):
+            return None
+
+    async def send_kv(self, tokens: list[int], to: str) -> tuple[int, float]:
+        data = await self._post_json("/loom/kv/send", {"tokens": tokens, "to": to})
+        try:
+            return int(data["tokens"]), float(data["seconds"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise EngineError(f"{self.url}/loom/kv/send answered {str(data)[:200]}") from exc
 
     async def load(self) -> EngineLoad:
         return vllm_load(await self._get("/metrics"), self.model)
