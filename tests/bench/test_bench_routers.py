@@ -1,21 +1,24 @@
 """The routers a benchmark starts: Loom's served in a process of its own and in a thread,
-sglang-router where installed, and the server process under them; each answers, and after its
-block nothing it started is left running."""
+the peers (sglang-router, smg, vllm-router) where installed, and the server process under
+them; each answers, and after its block nothing it started is left running."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from unittest.mock import ANY
 
 import httpx
 import pytest
 from bench_rig import below_me, left_running
 
-from loom.bench.fleet import StandinEngines
+from loom.bench.fleet import EmulatedEngines, StandinEngines
 from loom.bench.measure import cpu_s
+from loom.bench.peers import PEERS
 from loom.bench.process import ServerProcess, ServerStartError, free_port
 from loom.bench.routers import (
     SGLANG_ROUTER_HINT,
+    PeerRouter,
     PeerUnavailableError,
     ProxyRouter,
     ServedRouter,
@@ -112,16 +115,45 @@ def test_sglang_router_routes_and_leaves_nothing_running(standins: StandinEngine
     assert left_running(before) == {}
 
 
-def test_without_sglang_router_the_peer_says_how_to_install_it(
-    monkeypatch: pytest.MonkeyPatch,
+def test_a_peer_not_installed_says_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
 ) -> None:
-    import loom.bench.routers as routers
+    import loom.bench.peers as peers
 
-    monkeypatch.setattr(routers, "sglang_router_available", lambda: False)  # as if not installed
-    with pytest.raises(PeerUnavailableError, match="pip install sglang-router"):
-        SglangRouter(["http://127.0.0.1:1"]).start()
+    monkeypatch.setattr(peers.importlib.util, "find_spec", lambda name: None)  # not here
+    monkeypatch.setenv("LOOM_PEERS_DIR", str(tmp_path))  # nor there
+    for name in PEERS:
+        with pytest.raises(PeerUnavailableError, match=f"loom.bench.peers install {name}"):
+            PeerRouter(name, ["http://127.0.0.1:1"], PEERS[name].policies[0]).start()
 
 
-def test_an_unknown_sglang_policy_is_refused() -> None:
-    with pytest.raises(ValueError, match="unknown sglang-router policy 'fastest'"):
+def test_an_unknown_peer_policy_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown sglang policy 'fastest'"):
         SglangRouter(["http://127.0.0.1:1"], "fastest")
+    with pytest.raises(ValueError, match="sticky_least_loaded"):
+        PeerRouter("vllm-router", ["http://127.0.0.1:1"], "least_load")
+
+
+@pytest.fixture(scope="module")
+def emulated() -> Iterator[EmulatedEngines]:
+    with EmulatedEngines("qwen3-8b@h100", 2, time_scale=0.05) as fleet:
+        yield fleet
+
+
+@pytest.mark.parametrize(
+    ("peer", "policy"),
+    [("smg", "cache_aware"), ("smg", "manual"), ("vllm-router", "sticky_least_loaded")],
+)
+def test_a_peer_routes_the_agents_requests_and_leaves_nothing_running(
+    emulated: EmulatedEngines, peer: str, policy: str
+) -> None:
+    if not PEERS[peer].installed():
+        pytest.skip(f"needs the peer {peer}: python -m loom.bench.peers install {peer}")
+    before = below_me()
+    with PeerRouter(peer, emulated.urls, policy) as router:
+        body = {"model": emulated.model_name(), "prompt": "t5 t6 t7", "max_tokens": 4}
+        headers = {"X-SMG-Routing-Key": "t1", "X-Session-ID": "t1"}
+        got = httpx.post(router.url + "/v1/completions", json=body, headers=headers, timeout=60)
+        assert got.status_code == 200, got.text
+        assert got.json()["usage"]["completion_tokens"] == 4
+    assert left_running(before) == {}

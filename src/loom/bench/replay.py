@@ -97,7 +97,9 @@ async def agent(
             text += "".join(" " + words[i] for i in drawn)
             body["prompt"] = text.lstrip()
             body["model"] = model
-            headers = {"X-SMG-Routing-Key": key}
+            # the key of a peer's sticky policies: sglang-router's and smg's manual routing,
+            # vllm-router's sessions
+            headers = {"X-SMG-Routing-Key": key, "X-Session-ID": key}
         headers["Content-Type"] = "application/json"
         resp = await http.post("/v1/completions", content=orjson.dumps(body), headers=headers)
         if resp.status_code != 200:

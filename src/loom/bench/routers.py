@@ -1,7 +1,7 @@
 """The routers a benchmark sends its agents to, one kind per class behind one interface
 (`Router`): Loom's router served in a process of its own (as users run it), Loom's router in
-a thread of this process, the peer sglang-router (`pip install sglang-router`), and a bare
-aiohttp proxy (the floor of Loom's HTTP stack). Each is a
+a thread of this process, the peer routers (`loom.bench.peers`: sglang-router, smg,
+vllm-router), and a bare aiohttp proxy (the floor of Loom's HTTP stack). Each is a
 context manager; inside it the router answers at `url`, and `pid` is the process whose CPU is
 the router's (None: this one's)."""
 
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 import httpx
 
+from loom.bench.peers import PEERS, PeerUnavailableError
 from loom.bench.process import ServerProcess, ServerStartError, free_port
 from loom.core.lifecycle import Started
 
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 __all__ = [
     "SGLANG_POLICIES",
     "SGLANG_ROUTER_HINT",
+    "PeerRouter",
     "PeerUnavailableError",
     "ProxyRouter",
     "Router",
@@ -35,11 +37,7 @@ __all__ = [
 ]
 
 SGLANG_ROUTER_HINT = "pip install sglang-router"
-SGLANG_POLICIES = ("random", "round_robin", "cache_aware", "power_of_two", "manual")
-
-
-class PeerUnavailableError(RuntimeError):
-    """A peer router that is not installed here, and how to install it."""
+SGLANG_POLICIES = PEERS["sglang"].policies
 
 
 class Router(Started):
@@ -121,33 +119,34 @@ def sglang_router_available() -> bool:
     return importlib.util.find_spec("sglang_router") is not None
 
 
-class SglangRouter(Router):
-    """sglang-router over `engines` with one of its policies (`SGLANG_POLICIES`), ready once
-    it has registered every engine. PeerUnavailableError where it is not installed."""
+class PeerRouter(Router):
+    """A peer router (`loom.bench.peers.PEERS`) over `engines` with one of its policies, ready
+    once it has registered every engine. PeerUnavailableError where it is not installed."""
 
-    def __init__(self, engines: Sequence[str], policy: str = "round_robin") -> None:
-        if policy not in SGLANG_POLICIES:
-            raise ValueError(f"unknown sglang-router policy {policy!r}; one of {SGLANG_POLICIES}")
+    def __init__(self, peer: str, engines: Sequence[str], policy: str) -> None:
+        self.peer = PEERS[peer]
+        if policy not in self.peer.policies:
+            raise ValueError(
+                f"unknown {peer} policy {policy!r}; one of {', '.join(self.peer.policies)}"
+            )
         self.engines = list(engines)
         self.policy = policy
         self._server: ServerProcess | None = None
 
     @property
     def pid(self) -> int:
-        assert self._server is not None, "sglang-router is not started"
+        assert self._server is not None, f"{self.peer.name} is not started"
         return self._server.pid
 
     def start(self) -> Self:
-        if not sglang_router_available():
-            raise PeerUnavailableError(f"sglang-router is not installed: {SGLANG_ROUTER_HINT}")
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         cmd = [
-            sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *self.engines,
+            *self.peer.command(), "--worker-urls", *self.engines,
             "--port", str(port), "--host", "127.0.0.1", "--policy", self.policy,
             "--prometheus-port", str(free_port()),  # its default (29000) may be taken
         ]  # fmt: skip
-        self._server = ServerProcess(cmd, self.url, name="sglang-router").start()
+        self._server = ServerProcess(cmd, self.url, name=self.peer.name).start()
         try:
             self._wait_workers()
         except BaseException:
@@ -156,20 +155,27 @@ class SglangRouter(Router):
         return self
 
     def _wait_workers(self, timeout_s: float = 60.0) -> None:
-        """sglang-router answers /health before it has registered its workers (a background
+        """The peers answer /health before they have registered their workers (a background
         workflow); requests before then get 503 no_available_workers."""
         n = len(self.engines)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             workers = httpx.get(self.url + "/workers", timeout=5).json().get("workers", [])
-            if len(workers) == n and all(w.get("is_healthy") for w in workers):
+            if len(workers) == n and all(w.get("is_healthy", True) for w in workers):
                 return
             time.sleep(0.1)
         raise ServerStartError(
-            f"sglang-router at {self.url} had not registered {n} workers in {timeout_s:.0f} s"
+            f"{self.peer.name} at {self.url} had not registered {n} workers in {timeout_s:.0f} s"
         )
 
     def stop(self) -> None:
         if self._server is not None:
             self._server.stop()
             self._server = None
+
+
+class SglangRouter(PeerRouter):
+    """sglang-router over `engines` with one of its policies (`SGLANG_POLICIES`)."""
+
+    def __init__(self, engines: Sequence[str], policy: str = "round_robin") -> None:
+        super().__init__("sglang", engines, policy)

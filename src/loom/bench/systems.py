@@ -17,8 +17,9 @@ from typing import Any
 from loom.bench.batch import Batch, Draws
 from loom.bench.fleet import Fleet
 from loom.bench.measure import cpu_spent, run_window
+from loom.bench.peers import PEERS as PEER_ROUTERS
 from loom.bench.replay import MODEL, run_batch, run_peer_batch, vocabulary, wait_fitted
-from loom.bench.routers import Router, ServedRouter, SglangRouter, ThreadRouter
+from loom.bench.routers import PeerRouter, Router, ServedRouter, ThreadRouter
 from loom.bench.settings import RouterSetup, router_config, serve_flags
 from loom.runtime.rollout.prediction import HISTORY_FILE
 
@@ -130,10 +131,12 @@ class LoomSystem(System):
 
 @dataclass(frozen=True)
 class PeerSystem(System):
-    """sglang-router under `policy`. Its OpenAI route takes text prompts only, so the agents
-    send the context as text of the engines' word-level vocabulary."""
+    """A peer router (`loom.bench.peers`) under `policy`. sglang-router's OpenAI route takes
+    text prompts only, so the agents send every peer the context as text of the engines'
+    word-level vocabulary."""
 
     name: str
+    peer: str
     policy: str
 
     @property
@@ -142,7 +145,7 @@ class PeerSystem(System):
 
     def run(self, bench: Bench, batch: Batch, draws: Draws) -> dict[str, Any]:
         words = asyncio.run(vocabulary(bench.fleet.urls[0], bench.model))
-        with SglangRouter(bench.fleet.urls, self.policy) as router:
+        with PeerRouter(self.peer, bench.fleet.urls, self.policy) as router:
             return {"system": self.name, **_measured(bench, router, batch, draws, words)}
 
 
@@ -175,11 +178,13 @@ SYSTEMS: dict[str, System] = {
         # ablations: Heddle's placement alone, PPS alone
         LoomSystem("heddle-placement", "heddle", "rr"),
         LoomSystem("pps-only", "least_load", "pps"),
-        # peers: the same batch through sglang-router with its own policies
-        PeerSystem("sglang:cache_aware", "cache_aware"),
-        PeerSystem("sglang:power_of_two", "power_of_two"),
-        PeerSystem("sglang:round_robin", "round_robin"),
-        PeerSystem("sglang:manual", "manual"),
+        # peers: the same batch through each peer router with each of its policies
+        *(
+            PeerSystem(f"{peer.name}:{policy}", peer.name, policy)
+            for peer in PEER_ROUTERS.values()
+            for policy in peer.policies
+            if policy != "random"
+        ),
     )
 }
 BASELINES = ("verl", "slime", "verl*")  # the RL frameworks' own routing, Heddle's targets
