@@ -106,7 +106,10 @@ def workload(kind: str, args: argparse.Namespace, bar: RunProgress) -> list[Reco
     history = history_specs(config)
     predictions = [list(p) for p in ProgressivePredictor().fit(history).predict_steps(specs)]
     model, gpu = args.emulate.split("@")
-    plan = plan_rollout(history, PlanSettings(gpus=args.gpus, model=model, gpu=gpu))
+    settings = PlanSettings(
+        gpus=args.gpus, model=model, gpu=gpu, batch=len(specs), max_running=args.max_running
+    )
+    plan = plan_rollout(history, settings)  # for a batch like the latest epoch
     fleets = {f"uniform-tp{d}": (d,) * (args.gpus // d) for d in args.degrees}
     fleets["planned"] = plan.degrees
     records: list[Record] = []

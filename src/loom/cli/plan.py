@@ -59,6 +59,7 @@ PLAN = Layering(
         "max_running": Flag(),
         "gpus_per_node": Flag(),
         "seed": Flag(),
+        "batch": Flag(),
     },
 )
 
@@ -85,6 +86,12 @@ def plan_rollout(
     ] = None,
     gpus_per_node: Annotated[
         int | None, typer.Option("--gpus-per-node", help="for device ids and engine hosts")
+    ] = None,
+    batch: Annotated[
+        int | None,
+        typer.Option(
+            "--batch", help="plan for the history's latest N trajectories (one batch of them)"
+        ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print a JSON object")] = False,
 ) -> None:

@@ -95,6 +95,22 @@ def test_plan_rollout_api(history: Path) -> None:
         plan_rollout([], PlanSettings(gpus=4))
 
 
+def test_a_plan_is_for_one_batch_like_the_latest(history: Path) -> None:
+    """A history of several epochs plans for a batch the size of one: the groups it places are
+    those of the latest `batch` trajectories, not of every epoch at once."""
+    trajs = read_history(history)
+    n = len(trajs) // 2
+    plan = plan_rollout(trajs, PlanSettings(gpus=4, degrees=(1, 2, 4), batch=n))
+    assert plan.trajectories == n == sum(w.trajectories for w in plan.workers)
+    whole = plan_rollout(trajs, PlanSettings(gpus=4, degrees=(1, 2, 4)))
+    assert whole.trajectories == len(trajs)
+    assert (
+        plan_json("--gpus", "4", "--history", str(history), "--batch", str(n))["trajectories"] == n
+    )
+    with pytest.raises(ConfigError, match="batch must be >= 1"):
+        PlanSettings(gpus=4, batch=0)
+
+
 def test_a_history_without_features_or_workloads_plans(tmp_path: Path) -> None:
     """What a router writes: string ids, no prompt features, no workload."""
     path = tmp_path / "router.jsonl"

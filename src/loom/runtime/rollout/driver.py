@@ -90,6 +90,7 @@ class RolloutDriver:
         self._tasks: set[asyncio.Task[Any]] = set()
         self.forecasts = Forecasts(self.predictor, config.refit_every, self._spawn)
         self.fleet = PlannedFleet(config.fleet, self) if config.fleet is not None else None
+        self.last_batch: int | None = None  # trajectories in the latest declared batch
         self._execute: dict[type, Callable[[Any], None]] = {
             ev.Start: self._start,
             ev.Stop: self._stop,
@@ -385,6 +386,7 @@ class RolloutDriver:
             raise Unavailable("no live engine: add one with POST /v1/engines")
         predicted = await self.forecasts.first([(b.prompt_id, b.prompt_tokens) for b in entries])
         homes: dict[str, str] = self.send(ev.Declare(tuple(entries), predicted))
+        self.last_batch = len(entries)
         return homes
 
     def end_trajectory(self, key: str) -> Trajectory:

@@ -3,7 +3,8 @@
 At startup the fleet plans the layout (`layout.planned_layout`: Heddle's annealer over the
 router's history, or a fixed one), starts one engine per slot (an emulated GPU engine at the
 slot's degree on its node, or vLLM on the slot's GPUs) and registers each with the router at
-its degree. `plan()` (`POST /v1/fleet/plan`, between steps) plans again from the history:
+its degree. `plan()` (`POST /v1/fleet/plan`, between steps) plans again from the history,
+for a batch the size of the latest declared one:
 engines the new layout does not keep are drained (their waiting turns go elsewhere at once,
 their running ones finish, or move after `drain_timeout_s`) and stopped, the new ones are
 started and registered, and the answer says what changed and how long it took. When the
@@ -15,13 +16,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from loom.core.errors import Conflict
 from loom.runtime.rollout.config import EngineConfig, EngineKind, FleetConfig
-from loom.runtime.rollout.layout import Change, Slot, change, planned_layout, slots
+from loom.runtime.rollout.layout import (
+    EMULATED_MAX_RUNNING,
+    Change,
+    Slot,
+    change,
+    planned_layout,
+    slots,
+)
 
 if TYPE_CHECKING:
     from loom.runtime.rollout.driver import RolloutDriver
@@ -66,7 +75,16 @@ class PlannedFleet:
             if layout is None:
                 history = list(self.driver.predictor.history)
                 model, gpu = self.driver.config.model, self.driver.config.gpu
-                layout = await asyncio.to_thread(planned_layout, self.config, history, model, gpu)
+                plan = functools.partial(
+                    planned_layout,
+                    self.config,
+                    history,
+                    model,
+                    gpu,
+                    batch=self.driver.last_batch,
+                    max_running=self.config.max_running or EMULATED_MAX_RUNNING,
+                )
+                layout = await asyncio.to_thread(plan)
             step = change(
                 list(self.engines), slots(layout, self.config.gpus, self.config.gpus_per_node)
             )

@@ -16,7 +16,17 @@ from loom.core.trajectory import TrajectorySpec
 from loom.runtime.rollout.config import FleetConfig
 from loom.runtime.rollout.plan import PlanSettings, plan_rollout
 
-__all__ = ["Change", "Slot", "change", "emulated_model", "planned_layout", "slots"]
+EMULATED_MAX_RUNNING = 1024  # an emulated engine's default (the simulator's worker's)
+
+__all__ = [
+    "EMULATED_MAX_RUNNING",
+    "Change",
+    "Slot",
+    "change",
+    "emulated_model",
+    "planned_layout",
+    "slots",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,11 +91,18 @@ def change(current: Sequence[Slot], new: Sequence[Slot]) -> Change:
 
 
 def planned_layout(
-    config: FleetConfig, history: Sequence[TrajectorySpec], model: str, gpu: str
+    config: FleetConfig,
+    history: Sequence[TrajectorySpec],
+    model: str,
+    gpu: str,
+    *,
+    batch: int | None = None,
+    max_running: int = EMULATED_MAX_RUNNING,
 ) -> tuple[int, ...]:
-    """The degrees to run: the fixed layout; else Heddle's plan for the history on the
-    roofline of the emulated GPU (else of `model` on `gpu`: `loom plan rollout`); with no
-    history, every engine at the smallest degree."""
+    """The degrees to run: the fixed layout; else Heddle's plan on the roofline of the
+    emulated GPU (else of `model` on `gpu`: `loom plan rollout`) for a batch like the
+    history's latest `batch` trajectories, on engines that run `max_running` turns at once;
+    with no history, every engine at the smallest degree."""
     if config.layout is not None:
         return config.layout
     smallest = min(config.degrees)
@@ -99,6 +116,8 @@ def planned_layout(
         model=model,
         gpu=gpu,
         gpus_per_node=config.gpus_per_node,
+        batch=batch,
+        max_running=max_running,
     )
     return plan_rollout(history, settings).degrees
 

@@ -2,11 +2,13 @@
 from a history of finished trajectories with a per-degree cost from measured engine profiles
 (or, without profiles, the roofline latency model).
 
-The batch planned for is the history itself, as the progressive predictor sees it at batch
-declaration: its k=0 predictions (prompt features only), fitted on that same history. RL
-rollouts revisit their prompts epoch after epoch, so the next batch looks like the last one,
-and planning on predicted rather than actual lengths sizes the workers for the groups the
-runtime's placement will form from the same predictions.
+The batch planned for is the history's latest `batch` trajectories (all of it where not
+given), as the progressive predictor sees them at batch declaration: its k=0 predictions
+(prompt features only), fitted on the whole history. RL rollouts revisit their prompts epoch
+after epoch, so the next batch looks like the last one, and planning on predicted rather than
+actual lengths sizes the workers for the groups the runtime's placement will form from the
+same predictions. (Planning for several epochs at once would size every group several times
+too large, and favour many small workers.)
 """
 
 from __future__ import annotations
@@ -42,10 +44,19 @@ class PlanSettings:
     max_running: int = field(default=256, metadata={"help": "turns an engine runs at once"})
     gpus_per_node: int = field(default=8, metadata={"help": "GPUs per node, for device ids"})
     seed: int = field(default=0, metadata={"help": "seed of the annealing"})
+    batch: int | None = field(
+        default=None,
+        metadata={
+            "help": "plan for the history's latest BATCH trajectories (one batch); "
+            "default: all of them"
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.gpus < 1 or self.max_running < 1 or self.gpus_per_node < 1:
             raise ConfigError("gpus, max_running and gpus_per_node must be >= 1")
+        if self.batch is not None and self.batch < 1:
+            raise ConfigError(f"batch must be >= 1, got {self.batch}")
         if not self.degrees or min(self.degrees) < 1:
             raise ConfigError(f"degrees must be >= 1, got {self.degrees}")
 
@@ -138,11 +149,12 @@ def plan_rollout(history: Sequence[TrajectorySpec], settings: PlanSettings) -> R
     """Fit the predictor on `history`, build the cost model and anneal the layout."""
     if not history:
         raise ConfigError("the history holds no trajectories; planning needs finished ones")
-    cost, name = _cost_model(history, settings)
+    batch = list(history[-settings.batch :]) if settings.batch else list(history)
+    cost, name = _cost_model(batch, settings)
     allowed = tuple(d for d in sorted(set(settings.degrees)) if cost.feasible(d))
     if not allowed:
-        raise ConfigError(_infeasible(cost, history, settings))
-    lengths = predicted_lengths(history)
+        raise ConfigError(_infeasible(cost, batch, settings))
+    lengths = predicted_lengths(history)[-len(batch) :]
     planner = AnnealingPlanner(cost=cost, degrees=allowed, seed=settings.seed)
     try:
         alloc = planner.allocate(lengths, settings.gpus)
@@ -153,15 +165,15 @@ def plan_rollout(history: Sequence[TrajectorySpec], settings: PlanSettings) -> R
     return RolloutPlan(
         gpus=settings.gpus,
         cost=name,
-        trajectories=len(history),
-        context_per_seq=decode_context(history),
+        trajectories=len(batch),
+        context_per_seq=decode_context(batch),
         makespan_s=alloc.makespan,
         workers=_workers(alloc, lengths, settings.gpus_per_node),
     )
 
 
 def predicted_lengths(history: Sequence[TrajectorySpec]) -> list[float]:
-    """The progressive predictor's k=0 totals for the history, fitted on the history."""
+    """The progressive predictor's k=0 totals for the history, in order, fitted on it."""
     return [row[0] for row in ProgressivePredictor().fit(history).predict_steps(history)]
 
 
