@@ -60,6 +60,7 @@ PLAN = Layering(
         "gpus_per_node": Flag(),
         "seed": Flag(),
         "batch": Flag(),
+        "simulate": Flag(),
     },
 )
 
@@ -91,6 +92,15 @@ def plan_rollout(
         int | None,
         typer.Option(
             "--batch", help="plan for the history's latest N trajectories (one batch of them)"
+        ),
+    ] = None,
+    simulate: Annotated[
+        bool | None,
+        typer.Option(
+            "--simulate",
+            help="serve the batch on the annealed and the uniform layouts in the simulator and "
+            "keep the fastest (about 20 s a layout for 512 trajectories)",
+            show_default=False,
         ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print a JSON object")] = False,

@@ -12,7 +12,7 @@ from loom.cli import app
 from loom.core.errors import ConfigError
 from loom.perf import RooflineLatencyModel, sample_profile, save_profile
 from loom.rollout.history import TrajectoryRecord, TurnRecord, read_history, write_history
-from loom.runtime.rollout.plan import PlanSettings, plan_rollout
+from loom.runtime.rollout.plan import PlanSettings, plan_rollout, plan_table
 
 runner = CliRunner()
 
@@ -187,3 +187,26 @@ def test_example_history_refuses_an_unknown_workload(tmp_path: Path) -> None:
         app, ["plan", "example-history", str(tmp_path / "h.jsonl"), "--model", "gpt-9"]
     )
     assert result.exit_code == 2 and "model 'gpt-9'" in said(result)
+
+
+def test_a_simulated_plan_keeps_the_layout_that_serves_the_batch_fastest(history: Path) -> None:
+    """With `simulate`, the annealed layout and every uniform one serve the batch in the
+    simulator; the plan keeps the fastest, each makespan as `served_on` gives it alone."""
+    from loom.core.topology import GpuType
+    from loom.rollout.heddle.predictor import ProgressivePredictor
+    from loom.sim.rollout.layouts import Fleet, renumbered, served_on
+
+    trajs = read_history(history)
+    settings = PlanSettings(gpus=4, degrees=(1, 2, 4), max_running=1024, simulate=True)
+    plan = plan_rollout(trajs, settings)
+    spans = dict(plan.simulated)
+    assert plan.annealed in spans and {(1,) * 4, (2, 2), (4,)} <= set(spans)
+    assert spans[plan.degrees] == min(spans.values())
+    specs = renumbered(trajs)
+    predictions = ProgressivePredictor().fit(trajs).predict_steps(specs)
+    fleet = Fleet(model="qwen3-14b", gpu=GpuType.H100, gpus=4, max_running=1024)
+    alone = served_on(specs, plan.degrees, fleet, predictions=predictions, history=trajs)
+    assert alone.makespan_s == spans[plan.degrees]  # deterministic, and what it reports
+    assert plan.to_json()["simulated"] and plan_table(plan).caption.count("simulator") == 1
+    with pytest.raises(ConfigError, match="not on profiles"):
+        PlanSettings(gpus=4, simulate=True, profiles=(history,))

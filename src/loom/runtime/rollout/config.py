@@ -125,6 +125,11 @@ class FleetConfig(_Settings):
         default=(1, 2, 4, 8), description="degrees the planner may choose"
     )
     gpus_per_node: int = Field(default=8, ge=1, description="GPUs per node: no engine spans two")
+    simulate: bool = Field(
+        default=True,
+        description="keep the annealed layout only where it serves the latest batch faster in "
+        "the simulator than every uniform layout does (`loom plan rollout --simulate`)",
+    )
     max_running: int | None = Field(
         default=None, ge=1, description="each engine's cap in the router (None: what it says)"
     )

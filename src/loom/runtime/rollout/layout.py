@@ -118,6 +118,7 @@ def planned_layout(
         gpus_per_node=config.gpus_per_node,
         batch=batch,
         max_running=max_running,
+        simulate=config.simulate,
     )
     return plan_rollout(history, settings).degrees
 

@@ -26,7 +26,11 @@ from loom.core.trajectory import TrajectorySpec
 from loom.perf.specs import gpu_spec, model_spec
 from loom.rollout.heddle.planner import AnnealingPlanner, CostModel, DegreeCostModel, decode_context
 from loom.rollout.heddle.predictor import ProgressivePredictor
-from loom.rollout.heddle.resource_manager import Allocation, Unsplittable
+from loom.rollout.heddle.resource_manager import (
+    Allocation,
+    Unsplittable,
+    homogeneous_allocation,
+)
 from loom.runtime.rollout.cost import ProfiledDegreeCost
 
 __all__ = ["PlanSettings", "RolloutPlan", "WorkerPlan", "plan_rollout", "plan_table"]
@@ -44,6 +48,14 @@ class PlanSettings:
     max_running: int = field(default=256, metadata={"help": "turns an engine runs at once"})
     gpus_per_node: int = field(default=8, metadata={"help": "GPUs per node, for device ids"})
     seed: int = field(default=0, metadata={"help": "seed of the annealing"})
+    simulate: bool = field(
+        default=False,
+        metadata={
+            "help": "check the annealed layout against the uniform ones by serving the "
+            "batch on each in the simulator (the router's core under heddle and pps, on the "
+            "roofline of model on gpu), and keep the fastest"
+        },
+    )
     batch: int | None = field(
         default=None,
         metadata={
@@ -57,6 +69,10 @@ class PlanSettings:
             raise ConfigError("gpus, max_running and gpus_per_node must be >= 1")
         if self.batch is not None and self.batch < 1:
             raise ConfigError(f"batch must be >= 1, got {self.batch}")
+        if self.simulate and self.profiles:
+            raise ConfigError(
+                "simulate serves the batch on the roofline of model on gpu, not on profiles"
+            )
         if not self.degrees or min(self.degrees) < 1:
             raise ConfigError(f"degrees must be >= 1, got {self.degrees}")
 
@@ -106,6 +122,10 @@ class RolloutPlan:
     context_per_seq: int = field(metadata={"help": "mean decode context of the history"})
     makespan_s: float = field(metadata={"help": "Formula 2 makespan of the placement"})
     workers: tuple[WorkerPlan, ...]
+    annealed: tuple[int, ...] = field(default=(), metadata={"help": "the annealer's layout"})
+    simulated: tuple[tuple[tuple[int, ...], float], ...] = field(
+        default=(), metadata={"help": "each layout simulated, and its makespan"}
+    )
 
     @property
     def degrees(self) -> tuple[int, ...]:
@@ -142,6 +162,8 @@ class RolloutPlan:
                 for w in self.workers
             ],
             "engines": self.engines(),
+            "annealed": list(self.annealed),
+            "simulated": [{"degrees": list(d), "makespan_s": m} for d, m in self.simulated],
         }
 
 
@@ -162,14 +184,58 @@ def plan_rollout(history: Sequence[TrajectorySpec], settings: PlanSettings) -> R
         raise ConfigError(
             f"{settings.gpus} GPUs cannot be split into workers of the usable degrees {allowed}"
         ) from None
+    annealed = alloc.degrees
+    simulated: tuple[tuple[tuple[int, ...], float], ...] = ()
+    if settings.simulate:
+        alloc, simulated = _by_simulation(alloc, batch, history, lengths, cost, allowed, settings)
     return RolloutPlan(
         gpus=settings.gpus,
         cost=name,
+        annealed=annealed,
+        simulated=simulated,
         trajectories=len(batch),
         context_per_seq=decode_context(batch),
         makespan_s=alloc.makespan,
         workers=_workers(alloc, lengths, settings.gpus_per_node),
     )
+
+
+def _by_simulation(
+    alloc: Allocation,
+    batch: Sequence[TrajectorySpec],
+    history: Sequence[TrajectorySpec],
+    lengths: Sequence[float],
+    cost: CostModel,
+    allowed: tuple[int, ...],
+    settings: PlanSettings,
+) -> tuple[Allocation, tuple[tuple[tuple[int, ...], float], ...]]:
+    """The annealed allocation or a uniform one, whichever serves `batch` fastest in the
+    simulator (NOTE: Formula 2 has a group share its worker for its longest trajectory's whole
+    time, which overrates small workers where the group's short trajectories end early)."""
+    from loom.sim.rollout.layouts import Fleet, renumbered, served_on
+
+    n = settings.gpus
+    candidates = [alloc.degrees]
+    candidates += [
+        (d,) * (n // d) for d in allowed if n % d == 0 and (d,) * (n // d) != alloc.degrees
+    ]
+    specs = renumbered(batch)
+    predictions = ProgressivePredictor().fit(history).predict_steps(specs)
+    fleet = Fleet(
+        model=model_spec(settings.model).name,
+        gpu=GpuType(gpu_spec(settings.gpu).gpu),
+        gpus=n,
+        gpus_per_node=settings.gpus_per_node,
+        max_running=settings.max_running,
+    )
+    spans = {
+        d: served_on(specs, d, fleet, predictions=predictions, history=history).makespan_s
+        for d in candidates
+    }
+    best = min(candidates, key=lambda d: spans[d])  # (ties: the annealed one)
+    if best != alloc.degrees:
+        alloc = homogeneous_allocation(lengths, n, cost, best[0])
+    return alloc, tuple(spans.items())
 
 
 def predicted_lengths(history: Sequence[TrajectorySpec]) -> list[float]:
@@ -235,7 +301,7 @@ def plan_table(plan: RolloutPlan) -> Table:
         title=f"Heddle layout for {plan.gpus} GPUs: {layout}",
         caption=f"predicted makespan {plan.makespan_s:,.1f} s for {plan.trajectories} "
         f"trajectories like the history's; share: a worker's predicted time over it; "
-        f"cost: {plan.cost}",
+        f"cost: {plan.cost}" + _simulated(plan),
     )
     for name in ("worker", "tp", "GPUs", "trajectories", "longest tokens", "predicted s"):
         table.add_column(name, justify="right")
@@ -251,6 +317,13 @@ def plan_table(plan: RolloutPlan) -> Table:
             f"{w.share:.2f}",
         )
     return table
+
+
+def _simulated(plan: RolloutPlan) -> str:
+    if not plan.simulated:
+        return ""
+    served = ", ".join(f"{'+'.join(map(str, d))} {m:,.0f} s" for d, m in plan.simulated)
+    return f"; served in the simulator: {served} (annealed: {'+'.join(map(str, plan.annealed))})"
 
 
 def _ranges(gpus: Sequence[int]) -> str:
