@@ -3,10 +3,12 @@ simulator's served rollout (the router's own core in front of the emulated engin
 `loom.sim.rollout.served`), at paper scale: Qwen3-14B on `--gpus` emulated H100s, Heddle's
 batch (512 trajectories of each workload), the router's predictor fitted on earlier epochs.
 
-Every system runs on every uniform fleet (every engine at TP1, TP2, TP4 or TP8) and on
-Heddle's planned layout (`loom plan rollout` on the same history); Heddle also runs its
-ablations: without KV copies (a move prefills the context again), with least-load placement
-instead of its own, and with FCFS instead of PPS. Prints one table per workload: each
+Every system runs on every uniform fleet (every engine at TP1, TP2, TP4 or TP8), on the
+annealer's layout (Heddle §6, Formula 2, for a batch like the history's latest) and on
+Heddle's planned layout (`loom plan rollout --simulate`: the annealed or a uniform layout,
+whichever serves that batch fastest in the simulator); Heddle also runs its ablations on
+both of its layouts: without KV copies (a move prefills the context again), with least-load
+placement instead of its own, and with FCFS instead of PPS. Prints one table per workload: each
 system's makespan per fleet, its best uniform fleet, and the ratios the issue's targets name
 (best baseline on its best uniform fleet over Heddle on its planned one; best baseline on the
 planned fleet over Heddle there). Seconds are the emulated GPU's.
@@ -28,16 +30,12 @@ from typing import Any
 from loom.bench.batch import BatchConfig, history_specs, scaled_batch, to_spec
 from loom.bench.progress import RunProgress
 from loom.bench.results import results, write_results
-from loom.bench.settings import RouterSetup, simulated_router
 from loom.core.topology import GpuType
 from loom.core.trajectory import TrajectorySpec, WorkloadKind
-from loom.rollout.engine_queue import EngineSchedulingPolicy
 from loom.rollout.heddle.predictor import ProgressivePredictor
-from loom.runtime.emulate.config import EmulatedEngineConfig, EmulationSpec
-from loom.runtime.rollout.layout import slots
 from loom.runtime.rollout.plan import PlanSettings, plan_rollout
-from loom.runtime.rollout.policies import make_core
-from loom.sim.rollout.served import ServedResult, ServedRollout
+from loom.sim.rollout.layouts import Fleet, served_on
+from loom.sim.rollout.served import ServedResult
 
 Record = dict[str, Any]
 
@@ -66,28 +64,23 @@ def run(
 ) -> ServedResult:
     placement, scheduler, copies = system
     model, gpu = args.emulate.split("@")
-    engines = [
-        EmulatedEngineConfig(
-            spec=EmulationSpec(model=model, gpu=GpuType(gpu), tp=s.tp),
-            node=s.node,
-            scheduling_policy=EngineSchedulingPolicy.PRIORITY,
-        )
-        for s in slots(degrees, args.gpus, args.gpus_per_node)
-    ]
-    setup = RouterSetup(
-        max_running=args.max_running,
-        priority=True,
+    fleet = Fleet(
         model=model,
-        gpu=gpu,
-        settings={"move_kv": copies},
+        gpu=GpuType(gpu),
+        gpus=args.gpus,
+        gpus_per_node=args.gpus_per_node,
+        max_running=args.max_running,
     )
-    return ServedRollout(
+    return served_on(
         specs,
-        engines,
-        simulated_router(setup, placement, scheduler, len(engines)),
+        degrees,
+        fleet,
+        placement=placement,
+        scheduler=scheduler,
+        move_kv=copies,
         predictions=predictions,
-        core=lambda c: make_core(c, history=history),  # Heddle plans with the history
-    ).run()
+        history=history,  # Heddle plans with the history
+    )
 
 
 def workload(kind: str, args: argparse.Namespace, bar: RunProgress) -> list[Record]:
@@ -107,29 +100,30 @@ def workload(kind: str, args: argparse.Namespace, bar: RunProgress) -> list[Reco
     predictions = [list(p) for p in ProgressivePredictor().fit(history).predict_steps(specs)]
     model, gpu = args.emulate.split("@")
     settings = PlanSettings(
-        gpus=args.gpus, model=model, gpu=gpu, batch=len(specs), max_running=args.max_running
+        gpus=args.gpus,
+        model=model,
+        gpu=gpu,
+        batch=len(specs),
+        max_running=args.max_running,
+        simulate=args.simulate_plan,
     )
     plan = plan_rollout(history, settings)  # for a batch like the latest epoch
     fleets = {f"uniform-tp{d}": (d,) * (args.gpus // d) for d in args.degrees}
+    fleets["annealed"] = plan.annealed
     fleets["planned"] = plan.degrees
     records: list[Record] = []
-    cases = list(SYSTEMS.items())
-    cases += list(ABLATIONS.items())
+    cases = list(SYSTEMS.items()) + list(ABLATIONS.items())
+    done: dict[tuple[str, tuple[int, ...]], Record] = {}  # a layout two fleets share runs once
     for name, system in cases:
         for fleet, degrees in fleets.items():
-            if name in ABLATIONS and fleet != "planned":
+            if name in ABLATIONS and fleet not in ("annealed", "planned"):
                 continue
             bar.step(f"{kind} {name} {fleet}")
-            began = time.perf_counter()
-            res = run(specs, history, predictions, degrees, system, args)
-            bar.advance()
-            records.append(
-                {
-                    "record": "run",
-                    "workload": kind,
-                    "system": name,
-                    "fleet": fleet,
-                    "layout": list(degrees),
+            same = done.get((name, degrees))
+            if same is None:
+                began = time.perf_counter()
+                res = run(specs, history, predictions, degrees, system, args)
+                same = done[name, degrees] = {
                     "makespan_s": res.makespan_s,
                     "migrations": res.counts["migrations"],
                     "kv_copies": res.counts["kv_copies"],
@@ -138,8 +132,24 @@ def workload(kind: str, args: argparse.Namespace, bar: RunProgress) -> list[Reco
                     "cache_hit_tokens": res.cache_hit_tokens,
                     "sim_wall_s": time.perf_counter() - began,
                 }
+            bar.advance()
+            records.append(
+                {
+                    "record": "run",
+                    "workload": kind,
+                    "system": name,
+                    "fleet": fleet,
+                    "layout": list(degrees),
+                    **same,
+                }
             )
-    records.append(_summary(kind, plan.degrees, records, len(specs)))
+    records.append(
+        _summary(kind, plan.degrees, records, len(specs))
+        | {
+            "annealed_layout": list(plan.annealed),
+            **{f"plan_simulated_{'-'.join(map(str, d))}_s": m for d, m in plan.simulated},
+        }
+    )
     return records
 
 
@@ -159,12 +169,17 @@ def _summary(kind: str, planned: tuple[int, ...], runs: list[Record], n: int) ->
         **{f"best_uniform_{s}": best[s] for s in SYSTEMS},
         "heddle_planned_s": heddle,
         "heddle_best_uniform_s": span("heddle", best["heddle"]),
+        "heddle_annealed_s": span("heddle", "annealed"),
         "best_baseline_uniform_over_heddle_planned": best_baseline / heddle,
         "best_baseline_planned_over_heddle_planned": min(span(s, "planned") for s in BASELINES)
         / heddle,
         "best_baseline_uniform_over_heddle_best_uniform": best_baseline
         / span("heddle", best["heddle"]),
         **{f"{a}_over_heddle": span(a, "planned") / heddle for a in ABLATIONS},
+        **{
+            f"{a}_over_heddle_annealed": span(a, "annealed") / span("heddle", "annealed")
+            for a in ABLATIONS
+        },
     }
 
 
@@ -173,7 +188,10 @@ def show(records: list[Record]) -> None:
         kind = w["workload"]
         runs = [r for r in records if r["record"] == "run" and r["workload"] == kind]
         fleets = list(dict.fromkeys(r["fleet"] for r in runs))
-        print(f"\n{kind}: {w['trajectories']} trajectories, planned layout {w['planned_layout']}")
+        print(
+            f"\n{kind}: {w['trajectories']} trajectories, planned layout {w['planned_layout']} "
+            f"(annealed {w['annealed_layout']})"
+        )
         print(f"{'system':>22} " + " ".join(f"{f:>13}" for f in fleets))
         for system in dict.fromkeys(r["system"] for r in runs):
             cells = {r["fleet"]: r["makespan_s"] for r in runs if r["system"] == system}
@@ -188,10 +206,11 @@ def show(records: list[Record]) -> None:
             f"fleet ({w['best_uniform_heddle']}): "
             f"{w['best_baseline_uniform_over_heddle_best_uniform']:.2f}x"
         )
-        print(
-            "ablations (makespan over heddle's): "
-            + ", ".join(f"{a} {w[f'{a}_over_heddle']:.2f}x" for a in ABLATIONS)
-        )
+        for fleet, suffix in (("planned", ""), ("annealed", "_annealed")):
+            print(
+                f"ablations on the {fleet} fleet (makespan over heddle's): "
+                + ", ".join(f"{a} {w[f'{a}_over_heddle{suffix}']:.2f}x" for a in ABLATIONS)
+            )
 
 
 def main() -> None:
@@ -206,11 +225,17 @@ def main() -> None:
     ap.add_argument("--history", type=int, default=3, help="earlier epochs for the predictor")
     ap.add_argument("--max-running", type=int, default=1024, help="router's cap per engine")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument(
+        "--no-simulate-plan",
+        dest="simulate_plan",
+        action="store_false",
+        help="keep the annealer's layout (Formula 2) without checking it in the simulator",
+    )
     ap.add_argument("--json", default=None, metavar="PATH")
     args = ap.parse_args()
     args.degrees = tuple(int(d) for d in args.degrees.split(","))
     kinds = args.kinds.split(",")
-    per_kind = len(SYSTEMS) * (len(args.degrees) + 1) + len(ABLATIONS)
+    per_kind = len(SYSTEMS) * (len(args.degrees) + 2) + 2 * len(ABLATIONS)
     records: list[Record] = []
     with RunProgress(per_kind * len(kinds), "runs") as bar:
         for kind in kinds:

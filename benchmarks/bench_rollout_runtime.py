@@ -48,7 +48,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from loom.bench.batch import BatchConfig, batch_size, draw_tokens, scaled_batch, write_history
+from loom.bench.batch import (
+    BatchConfig,
+    batch_size,
+    draw_tokens,
+    history_specs,
+    scaled_batch,
+    write_history,
+)
 from loom.bench.calibrate import calibrate, write_served_profile
 from loom.bench.fleet import (
     TINY_PROFILE,
@@ -65,6 +72,8 @@ from loom.bench.settings import RouterSetup, router_setting
 from loom.bench.simulate import simulate, simulate_emulated
 from loom.bench.summary import (
     SIM_FIELDS,
+    across_fleets,
+    print_across,
     profile_records,
     run_record,
     simulated,
@@ -102,7 +111,7 @@ def _batch(args: argparse.Namespace, kind: str) -> BatchConfig:
     )
 
 
-def _fleet(args: argparse.Namespace) -> Fleet:
+def _fleet(args: argparse.Namespace, layout: tuple[int, ...] | None = None) -> Fleet:
     if args.emulate:
         return EmulatedEngines(
             args.emulate,
@@ -110,6 +119,7 @@ def _fleet(args: argparse.Namespace) -> Fleet:
             time_scale=args.time_scale,
             max_running=args.engine_max_running,
             stream_interval_ms=args.stream_interval_ms,
+            layout=layout,
         )
     if args.engine:
         return RunningEngines(args.engine, profiles=(TINY_PROFILE,) if args.simulate else ())
@@ -148,93 +158,147 @@ def _ms(value: float | None) -> str:
 def main_emulated(args: argparse.Namespace) -> list[Record]:
     """Issue 28's paper-scale setting: every workload of `--kinds`, each Loom system and each
     peer run `--repeats` times, interleaved, over the same emulated engines; the simulator's
-    makespan of the same batch beside each Loom system's."""
+    makespan of the same batch beside each Loom system's. With `--layouts`, each workload on
+    each fleet in turn (its engines started afresh), and a comparison across the fleets."""
     systems, peers = _systems(args.systems), _systems(args.peers)
     kinds = args.kinds.split(",")
+    layouts = args.layouts.split(",") if args.layouts else [""]
     records: list[Record] = []
-    fleet = _fleet(args)
-    with fleet, tempfile.TemporaryDirectory() as tmp:
-        setup = _setup(args, fleet)
-        model = fleet.model_name()
-        rtt = round_trip_s(fleet.urls[0])
-        print(f"{fleet.describe()}; HTTP round trip on loopback {1e3 * rtt:.2f} ms wall")
-        total = len(kinds) * args.repeats * len(systems + peers)
-        with RunProgress(total, "runs") as bar:
-            for kind in kinds:
-                config = _batch(args, kind)
-                batch = scaled_batch(config)
-                n_traj, n_turns, n_tokens = batch_size(batch)
-                print(f"{kind}: {n_traj} trajectories, {n_turns} turns, {n_tokens} output tokens")
-                work = Path(tmp) / kind
-                work.mkdir()
-                n_hist = write_history(config, work) if args.history else 0
-                bench = Bench(
-                    fleet=fleet, setup=setup, work=work, history=n_hist, launch=_launch(args),
-                    model=model,
-                )  # fmt: skip
-                sims = {
-                    s.name: simulate_emulated(
-                        config,
-                        setup,
-                        s.policies,
-                        batch,
-                        args.engines,
-                        engine_max_running=args.engine_max_running,
+    total = len(kinds) * len(layouts) * args.repeats * len(systems + peers)
+    with tempfile.TemporaryDirectory() as tmp, RunProgress(total, "runs") as bar:
+        for kind in kinds:
+            config = _batch(args, kind)
+            batch = scaled_batch(config)
+            n_traj, n_turns, n_tokens = batch_size(batch)
+            print(f"{kind}: {n_traj} trajectories, {n_turns} turns, {n_tokens} output tokens")
+            work = Path(tmp) / kind
+            work.mkdir()
+            n_hist = write_history(config, work) if args.history else 0
+            mine: list[Record] = []
+            for name in layouts:
+                layout = _layout(args, name, config, n_traj)
+                fleet = _fleet(args, layout)
+                with fleet:
+                    print(f"{kind} on {name or 'the fleet'}: {fleet.describe()}")
+                    mine += _workload(
+                        args, kind, name, fleet, config, batch, work, n_hist, systems, peers, bar
                     )
-                    for s in systems
-                    if s.policies is not None
-                }
-                for name, res in sims.items():
-                    print(
-                        f"  simulated {name:>8}: {res.makespan_s:8.1f} s, preemptions "
-                        f"{res.preemptions}, prefilled {res.prefill_tokens}, cached "
-                        f"{res.cache_hit_tokens}, migrations {res.migrations}",
-                        flush=True,
-                    )
-                draws = draw_tokens(batch, args.seed)
-                runs: dict[str, list[Record]] = {}
-                for rep in range(args.repeats):  # systems interleaved: drift hits all alike
-                    for s in systems + peers:
-                        bar.step(f"{kind} {s.name} #{rep}")
-                        r = run_record(
-                            s.run(bench, batch, draws), workload=kind, repeat=rep, turns=n_turns
-                        )
-                        runs.setdefault(s.name, []).append(r)
-                        records.append(r)
-                        print(
-                            f"  {s.name:>19} #{rep}: makespan {r['makespan_s']:7.1f} s "
-                            f"(wall {r['wall_s']:.0f} s), preemptions {r['preemptions']}, "
-                            f"router CPU {_ms(r['router_cpu_ms_per_turn'])} ms/turn "
-                            f"({100 * (r['router_cpu_share'] or 0.0):.0f}% of the run's "
-                            f"{r['run_cpu_s']:.1f} CPU s: engines {r['engines_cpu_s']:.1f}, "
-                            f"agents {r['agents_cpu_s']:.1f}); per turn: {per_turn(r)}; "
-                            f"engines: {_engine_counts(r)}",
-                            flush=True,
-                        )
-                        bar.advance()
-                rows = []
-                for s in systems + peers:
-                    row = system_record(runs[s.name])
-                    row |= _simulated(args, config, setup, s, batch, rtt, row, sims)
-                    rows.append(row)
-                rows = with_vs_heddle(rows)
-                _report(kind, rows)
-                records += rows
-                records.append(
-                    {
-                        "record": "workload",
-                        "workload": kind,
-                        "trajectories": n_traj,
-                        "turns": n_turns,
-                        "output_tokens": n_tokens,
-                        "history_trajectories": n_hist,
-                        "engines": len(fleet.urls),
-                        "emulate": args.emulate,
-                        "time_scale": args.time_scale,
-                        "round_trip_ms": 1e3 * rtt,
-                        **targets(rows),
-                    }
-                )
+            if len(layouts) > 1:
+                mine.append(across_fleets(kind, mine))
+                print_across(mine[-1])
+            records += mine
+    return records
+
+
+def _layout(
+    args: argparse.Namespace, name: str, config: BatchConfig, n_traj: int
+) -> tuple[int, ...] | None:
+    """`--layouts` entry `name` as degrees: `NxD` (N engines of degree D), `planned`
+    (Heddle's plan for the workload's history, checked in the simulator), "" (the fleet of
+    `--emulate` and `--engines`)."""
+    if not name:
+        return None
+    if name == "planned":
+        from loom.runtime.rollout.plan import PlanSettings, plan_rollout
+
+        model, _, gpu = args.emulate.partition(":")[0].partition("@")
+        settings = PlanSettings(
+            gpus=args.gpus, model=model, gpu=gpu, batch=n_traj,
+            max_running=args.engine_max_running, simulate=True,
+        )  # fmt: skip
+        plan = plan_rollout(history_specs(config), settings)
+        print(f"planned {plan.degrees} (annealed {plan.annealed}); simulated {plan.simulated}")
+        return plan.degrees
+    count, x, degree = name.partition("x")
+    if not x or not count.isdigit() or not degree.isdigit():
+        raise SystemExit(f"--layouts: {name!r} is neither NxD (e.g. 8x2) nor planned")
+    return (int(degree),) * int(count)
+
+
+def _workload(
+    args: argparse.Namespace,
+    kind: str,
+    layout: str,
+    fleet: Fleet,
+    config: BatchConfig,
+    batch: Any,
+    work: Path,
+    n_hist: int,
+    systems: list[System],
+    peers: list[System],
+    bar: RunProgress,
+) -> list[Record]:
+    """One workload on one fleet: every system `--repeats` times, interleaved."""
+    n_traj, n_turns, n_tokens = batch_size(batch)
+    setup = _setup(args, fleet)
+    model = fleet.model_name()
+    rtt = round_trip_s(fleet.urls[0])
+    print(f"HTTP round trip on loopback {1e3 * rtt:.2f} ms wall")
+    bench = Bench(
+        fleet=fleet, setup=setup, work=work, history=n_hist, launch=_launch(args), model=model,
+    )  # fmt: skip
+    n_engines = len(fleet.urls)
+    sims = {
+        s.name: simulate_emulated(
+            config, setup, s.policies, batch, n_engines, engine_max_running=args.engine_max_running
+        )
+        for s in systems
+        if s.policies is not None
+    }
+    for name, res in sims.items():
+        print(
+            f"  simulated {name:>8}: {res.makespan_s:8.1f} s, preemptions "
+            f"{res.preemptions}, prefilled {res.prefill_tokens}, cached "
+            f"{res.cache_hit_tokens}, migrations {res.migrations}",
+            flush=True,
+        )
+    draws = draw_tokens(batch, args.seed)
+    runs: dict[str, list[Record]] = {}
+    records: list[Record] = []
+    where = {"fleet": layout} if layout else {}
+    for rep in range(args.repeats):  # systems interleaved: drift hits all alike
+        for s in systems + peers:
+            bar.step(f"{kind} {layout} {s.name} #{rep}")
+            r = run_record(s.run(bench, batch, draws), workload=kind, repeat=rep, turns=n_turns)
+            r |= where
+            runs.setdefault(s.name, []).append(r)
+            records.append(r)
+            print(
+                f"  {s.name:>19} #{rep}: makespan {r['makespan_s']:7.1f} s "
+                f"(wall {r['wall_s']:.0f} s), preemptions {r['preemptions']}, "
+                f"router CPU {_ms(r['router_cpu_ms_per_turn'])} ms/turn "
+                f"({100 * (r['router_cpu_share'] or 0.0):.0f}% of the run's "
+                f"{r['run_cpu_s']:.1f} CPU s: engines {r['engines_cpu_s']:.1f}, "
+                f"agents {r['agents_cpu_s']:.1f}); per turn: {per_turn(r)}; "
+                f"engines: {_engine_counts(r)}",
+                flush=True,
+            )
+            bar.advance()
+    rows = []
+    for s in systems + peers:
+        row = system_record(runs[s.name]) | where
+        row |= _simulated(args, config, setup, s, batch, rtt, row, sims, n_engines)
+        rows.append(row)
+    rows = with_vs_heddle(rows)
+    _report(kind, rows)
+    records += rows
+    records.append(
+        {
+            "record": "workload",
+            "workload": kind,
+            **where,
+            "trajectories": n_traj,
+            "turns": n_turns,
+            "output_tokens": n_tokens,
+            "history_trajectories": n_hist,
+            "engines": n_engines,
+            "layout": [tp for tp, _ in setup.slots] or [setup.tp] * n_engines,
+            "emulate": args.emulate,
+            "time_scale": args.time_scale,
+            "round_trip_ms": 1e3 * rtt,
+            **targets(rows),
+        }
+    )
     return records
 
 
@@ -247,6 +311,7 @@ def _simulated(
     rtt: float,
     row: Record,
     sims: dict[str, Any],
+    n_engines: int,
 ) -> Record:
     """The simulator's figures beside a system's summary: bare, and with the served router
     modelled (its CPU per turn, spent one turn at a time: one event loop; and two round trips
@@ -255,7 +320,7 @@ def _simulated(
         return dict.fromkeys(SIM_FIELDS)
     decision = (row["router_cpu_ms_per_turn"] or 0.0) / 1e3 / args.time_scale
     routed = simulate_emulated(
-        config, setup, s.policies, batch, args.engines,
+        config, setup, s.policies, batch, n_engines,
         engine_max_running=args.engine_max_running,
         dispatch_s=2 * rtt / args.time_scale, decision_s=decision,
     )  # fmt: skip
@@ -460,6 +525,14 @@ def parser(argv: list[str]) -> argparse.ArgumentParser:
     emu = ap.add_argument_group("paper scale on emulated GPUs")
     emu.add_argument("--emulate", default=None, help="MODEL@GPU[:tpN], e.g. qwen3-14b@h100:tp2")
     emu.add_argument("--engines", type=int, default=8, help="emulated engines")
+    emu.add_argument(
+        "--layouts",
+        default=None,
+        help="run each workload on each of these fleets in turn: NxD (N engines of degree D, "
+        "e.g. 16x1,8x2,4x4,2x8) or planned (Heddle's layout for the workload's history, "
+        "checked in the simulator); the degree of --emulate is then ignored",
+    )
+    emu.add_argument("--gpus", type=int, default=16, help="GPUs a planned layout may use")
     emu.add_argument("--time-scale", type=float, default=0.2, help="wall s per GPU s")
     emu.add_argument("--kinds", default="coding,search,math", help="workloads, in turn")
     emu.add_argument(

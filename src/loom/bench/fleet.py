@@ -184,9 +184,11 @@ class VllmEngines(Fleet):
 class EmulatedEngines(Fleet):
     """`n` emulated GPU engines (`loom serve engine --emulate SPEC`): the simulator's worker
     on a wall clock scaled by `time_scale`, each running up to `max_running` sequences and
-    streaming a chunk every `stream_interval_ms` wall ms. The router takes their degree and
-    passes the scheduler's key as their priority; Heddle's placement plans with the GPU's
-    roofline."""
+    streaming a chunk every `stream_interval_ms` wall ms; or, given a `layout` (a degree per
+    engine), one engine per slot of it (`loom.runtime.rollout.layout.slots`: largest first,
+    `gpus_per_node` a node), each at its degree on its node. The router takes their degrees
+    and nodes and passes the scheduler's key as their priority; Heddle's placement plans with
+    the GPU's roofline."""
 
     def __init__(
         self,
@@ -196,34 +198,49 @@ class EmulatedEngines(Fleet):
         time_scale: float,
         max_running: int = 1024,
         stream_interval_ms: float = 250.0,
+        layout: tuple[int, ...] | None = None,
+        gpus_per_node: int = 8,
     ) -> None:
         from loom.runtime.emulate import EmulationSpec
+        from loom.runtime.rollout.layout import slots
 
         super().__init__()
-        if n < 1:
-            raise ValueError(f"a fleet needs at least one engine, got {n}")
         if not time_scale > 0:
             raise ValueError(f"time_scale must be > 0, got {time_scale}")
         self.spec = EmulationSpec.parse(spec)
-        self.n = n
+        self.slots = (
+            [(s.tp, s.node) for s in slots(layout, sum(layout), gpus_per_node)]
+            if (layout)
+            else [(self.spec.tp, 0)] * n
+        )
+        if not self.slots:
+            raise ValueError(f"a fleet needs at least one engine, got {n}")
+        self.n = len(self.slots)
         self.time_scale = time_scale
         self.max_running = max_running
         self.stream_interval_ms = stream_interval_ms
+        self.layout = layout
 
     def _start(self, stack: contextlib.ExitStack) -> None:
         from loom.runtime.emulate import EmulatedProcess
 
         flags = ["--time-scale", str(self.time_scale), "--max-running", str(self.max_running),
                  "--stream-interval-ms", str(self.stream_interval_ms)]  # fmt: skip
-        for _ in range(self.n):
-            engine = stack.enter_context(EmulatedProcess(str(self.spec), *flags))
+        base = f"{self.spec.model}@{self.spec.gpu.value}"
+        for tp, node in self.slots:
+            spec = f"{base}:tp{tp}"
+            engine = stack.enter_context(EmulatedProcess(spec, *flags, "--node", str(node)))
             self.urls.append(engine.url)
             self._pids.append(engine.pid)
         for url in self.urls:
             wait_ready(url, "/health")
 
     def describe(self) -> str:
-        return f"{self.n} emulated engines {self.spec}, time scale {self.time_scale:g}"
+        what = str(self.spec)
+        if self.layout:
+            degrees = "+".join(str(tp) for tp, _ in self.slots)
+            what = f"{self.spec.model}@{self.spec.gpu.value} in layout {degrees}"
+        return f"{self.n} emulated engines {what}, time scale {self.time_scale:g}"
 
     def counters(self) -> dict[str, float]:
         total = dict.fromkeys(ENGINE_COUNTERS, 0.0)
@@ -240,6 +257,7 @@ class EmulatedEngines(Fleet):
             max_running=max_running,
             queue=queue,
             tp=self.spec.tp,
+            slots=tuple(self.slots) if self.layout else (),
             priority=True,
             model=self.spec.model,
             gpu=self.spec.gpu.value,

@@ -87,13 +87,19 @@ class RouterSetup:
     queue: int = 0
     tp: int = 1
     priority: bool = False
+    slots: tuple[tuple[int, int], ...] = ()  # each engine's (degree, node); () every `tp`, 0
     model: str | None = None
     gpu: str | None = None
     profiles: tuple[Path, ...] = ()
     settings: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.max_running < 1 or self.queue < 0 or self.tp < 1:
+        if (
+            self.max_running < 1
+            or self.queue < 0
+            or self.tp < 1
+            or any(tp < 1 or node < 0 for tp, node in self.slots)
+        ):
             raise ConfigError(
                 f"max_running and tp must be >= 1 and queue >= 0, got {self.max_running}, "
                 f"{self.tp}, {self.queue}"
@@ -105,6 +111,10 @@ class RouterSetup:
             raise ConfigError(f"the benchmark sets {', '.join(taken)} itself")
         object.__setattr__(self, "settings", MappingProxyType(dict(self.settings)))
 
+    def slot(self, i: int) -> tuple[int, int]:
+        """Engine `i`'s degree and node."""
+        return self.slots[i] if self.slots else (self.tp, 0)
+
     def cost_model(self) -> dict[str, Any]:
         """The settings a router of this setup gets beside its system's and engines: those of
         `--router-set`, and the roofline model of the emulated GPU."""
@@ -114,13 +124,14 @@ class RouterSetup:
         return out
 
 
-def engine_spec(url: str, setup: RouterSetup) -> str:
-    """An engine as `loom serve rollout --engine` takes it."""
+def engine_spec(url: str, setup: RouterSetup, i: int = 0) -> str:
+    """Engine `i` as `loom serve rollout --engine` takes it."""
     spec = f"{url},max_running={setup.max_running}"
     if setup.queue:  # turns beyond the cap that wait in the engine's own queue
         spec += f",queue={setup.queue}"
     if setup.priority:  # the GPU's degree for Heddle's placement; the key as vLLM's priority
-        spec += f",tp={setup.tp},priority"
+        tp, node = setup.slot(i)
+        spec += f",tp={tp},node={node},priority"
     return spec
 
 
@@ -142,7 +153,8 @@ def router_config(
         profiles=setup.profiles,
         state_dir=state_dir,
         engines=tuple(
-            EngineConfig.model_validate(parse_engine(engine_spec(u, setup))) for u in urls
+            EngineConfig.model_validate(parse_engine(engine_spec(u, setup, i)))
+            for i, u in enumerate(urls)
         ),
         **setup.cost_model(),
     )
@@ -160,8 +172,8 @@ def serve_flags(
     """The same router as `loom serve rollout` flags (but `--port`); `config`: the file the
     cost model's settings are written to (`RouterSetup.cost_model`), where there are any."""
     flags = ["--placement", placement, "--scheduler", scheduler, "--state-dir", str(state_dir)]
-    for url in urls:
-        flags += ["--engine", engine_spec(url, setup)]
+    for i, url in enumerate(urls):
+        flags += ["--engine", engine_spec(url, setup, i)]
     for profile in setup.profiles:
         flags += ["--profile", str(profile)]
     values = setup.cost_model()
@@ -185,7 +197,11 @@ def simulated_router(
         profiles=setup.profiles,
         engines=tuple(
             EngineConfig(
-                url=f"http://sim{i}", max_running=setup.max_running, queue=setup.queue, tp=setup.tp
+                url=f"http://sim{i}",
+                max_running=setup.max_running,
+                queue=setup.queue,
+                tp=setup.slot(i)[0],
+                node=setup.slot(i)[1],
             )
             for i in range(n_engines)
         ),
@@ -208,13 +224,9 @@ def simulated_engines(
     from loom.rollout.engine_queue import EngineSchedulingPolicy
     from loom.runtime.emulate.config import EmulatedEngineConfig, EmulationSpec
 
-    spec = EmulationSpec(
-        model=setup.model or EmulationSpec.parse(DEFAULT_EMULATION).model,
-        gpu=GpuType(setup.gpu or EmulationSpec.parse(DEFAULT_EMULATION).gpu),
-        tp=setup.tp,
-    )
+    default = EmulationSpec.parse(DEFAULT_EMULATION)
+    model, gpu = setup.model or default.model, GpuType(setup.gpu or default.gpu)
     values: dict[str, Any] = {
-        "spec": spec,
         "max_running": setup.max_running if max_running is None else max_running,
         "scheduling_policy": EngineSchedulingPolicy.PRIORITY
         if setup.priority
@@ -222,7 +234,14 @@ def simulated_engines(
     }
     if decode_reserve is not None:
         values["decode_reserve"] = decode_reserve
-    return [EmulatedEngineConfig(**values) for _ in range(n_engines)]
+    return [
+        EmulatedEngineConfig(
+            spec=EmulationSpec(model=model, gpu=gpu, tp=setup.slot(i)[0]),
+            node=setup.slot(i)[1],
+            **values,
+        )
+        for i in range(n_engines)
+    ]
 
 
 # what names a profiled engine's emulation (its timing and KV capacity are the profile's)

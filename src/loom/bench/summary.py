@@ -12,7 +12,9 @@ from loom.bench.systems import BASELINES, PEERS
 
 __all__ = [
     "SIM_FIELDS",
+    "across_fleets",
     "per_turn",
+    "print_across",
     "profile_records",
     "run_record",
     "simulated",
@@ -169,3 +171,53 @@ def profile_records(rows: Iterable[Sequence[float]]) -> list[Record]:
         }
         for b, c, p, pc, t in rows
     ]
+
+
+def across_fleets(workload: str, records: Sequence[Record]) -> Record:
+    """Of one workload's system records on several fleets (`fleet`: `NxD` uniform, or
+    `planned`): Heddle on its planned fleet (else its best), the best peer and the best of
+    verl/slime/verl* each on the uniform fleet that serves it best and on the planned one, and
+    the ratios the targets name: best peer uniform / Heddle (>= 1.5), best peer on the planned
+    fleet / Heddle (>= 1.2), best baseline uniform / Heddle (>= 1.3)."""
+    rows = [r for r in records if r.get("record") == "system" and r["workload"] == workload]
+    span: dict[tuple[str, str], float] = {(r["system"], r["fleet"]): r["makespan_s"] for r in rows}
+
+    def best(names: Iterable[str], uniform: bool) -> tuple[str, str, float] | None:
+        got = [
+            (s, f, m) for (s, f), m in span.items() if s in names and (f != "planned") == uniform
+        ]
+        return min(got, key=lambda x: x[2]) if got else None
+
+    heddle = span.get(("heddle", "planned")) or min(
+        (m for (s, _), m in span.items() if s == "heddle"), default=None
+    )
+    out: Record = {"record": "fleets", "workload": workload, "heddle_s": heddle}
+    for label, names, uniform in (
+        ("peer_uniform", PEERS, True),
+        ("peer_planned", PEERS, False),
+        ("baseline_uniform", BASELINES, True),
+        ("baseline_planned", BASELINES, False),
+        ("heddle_uniform", ("heddle",), True),
+    ):
+        got = best(names, uniform)
+        out[f"best_{label}"] = None if got is None else f"{got[0]} on {got[1]}"
+        out[f"best_{label}_s"] = None if got is None else got[2]
+        out[f"best_{label}_over_heddle"] = None if got is None or not heddle else got[2] / heddle
+    return out
+
+
+def print_across(rec: Record) -> None:
+    """The comparison across fleets, one line each."""
+    print(f"{rec['workload']} across fleets: heddle {rec['heddle_s'] or float('nan'):.1f} s")
+    for label, target in (
+        ("peer_uniform", 1.5),
+        ("peer_planned", 1.2),
+        ("baseline_uniform", 1.3),
+        ("baseline_planned", None),
+        ("heddle_uniform", None),
+    ):
+        ratio = rec[f"best_{label}_over_heddle"]
+        if ratio is None:
+            continue
+        aim = f" (target >= {target})" if target else ""
+        print(f"  best {label.replace('_', ' ')}: {rec[f'best_{label}']}, x{ratio:.3f}{aim}")
