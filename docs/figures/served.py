@@ -13,6 +13,8 @@ __all__ = [
     "WORKLOADS",
     "continuous_table",
     "grpo_job",
+    "heddle_layout_ratios",
+    "heddle_layouts",
     "router_overhead",
     "router_ratios",
     "served_claims",
@@ -210,3 +212,85 @@ def served_claims(name: str) -> None:
 def served_sim(name: str, workload: str, system: str) -> dict[str, Any]:
     """A system's record of one workload in a benchmark run."""
     return result(name).one(record="system", workload=workload, system=system)
+
+
+def heddle_layouts(name: str) -> None:
+    """`bench_heddle_layouts.py`: per workload, each system's simulated makespan on each
+    fleet (uniform at every degree, the annealer's layout, Heddle's planned one)."""
+    doc = result(name)
+    runs = list(doc.where(record="run"))
+    fleets = list(dict.fromkeys(r["fleet"] for r in runs))
+    layout = {r["fleet"]: r["layout"] for r in runs}
+
+    def label(f: str) -> str:
+        degrees = layout[f]
+        if f.startswith("uniform"):
+            return f"{len(degrees)}×TP{degrees[0]}"
+        return f"{f} ({'+'.join(map(str, degrees))})"
+
+    rows = []
+    for w in WORKLOADS:
+        mine = [r for r in runs if r["workload"] == w]
+        if not mine:
+            continue
+        for system in dict.fromkeys(r["system"] for r in mine):
+            cells = {r["fleet"]: r["makespan_s"] for r in mine if r["system"] == system}
+            best = min(cells.values())
+            rows.append(
+                [
+                    w,
+                    system,
+                    *(
+                        "–"
+                        if f not in cells
+                        else f"**{cells[f]:,.0f}**" if cells[f] == best else f"{cells[f]:,.0f}"
+                        for f in fleets
+                    ),
+                ]
+            )
+    table(["workload", "system", *(label(f) for f in fleets)], rows)
+
+
+def heddle_layout_ratios(name: str) -> None:
+    """The layout benchmark's ratios per workload: the best of verl/slime/verl* on its best
+    uniform fleet, and on Heddle's planned fleet, over Heddle on its planned fleet; Heddle's
+    ablations there (above 1: the mechanism helps)."""
+    by = _workloads(name)
+    rows = []
+    for w in WORKLOADS:
+        if w not in by:
+            continue
+        r = by[w]
+        rows.append(
+            [
+                w,
+                "+".join(map(str, r["planned_layout"])),
+                "+".join(map(str, r["annealed_layout"])),
+                f2(r["best_baseline_uniform_over_heddle_planned"]),
+                f2(r["best_baseline_planned_over_heddle_planned"]),
+                f2(r["heddle_annealed_s"] / r["heddle_planned_s"]),
+                f2(r["heddle-no-kv-copies_over_heddle"]),
+                f2(r["heddle-least-load_over_heddle"]),
+                f2(r["heddle-fcfs_over_heddle"]),
+                f2(r["heddle-no-kv-copies_over_heddle_annealed"]),
+                f2(r["heddle-least-load_over_heddle_annealed"]),
+                f2(r["heddle-fcfs_over_heddle_annealed"]),
+            ]
+        )
+    table(
+        [
+            "workload",
+            "planned",
+            "annealed",
+            "best baseline, best uniform / Heddle",
+            "best baseline on planned / Heddle",
+            "Heddle annealed / planned",
+            "no KV copies",
+            "least-load placement",
+            "FCFS",
+            "no KV copies (annealed)",
+            "least-load (annealed)",
+            "FCFS (annealed)",
+        ],
+        rows,
+    )

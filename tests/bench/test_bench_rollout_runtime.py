@@ -110,3 +110,37 @@ def test_peers_over_engines_with_a_vocabulary_are_taken(engines: list[str]) -> N
     done = _run(*engines, "--peers", "sglang:manual", "--systems", "heddle,hedle", timeout_s=120)
     assert "--peers needs engines" not in done.stderr
     assert done.returncode == 1 and "unknown system 'hedle'" in done.stderr
+
+
+def test_each_workload_on_each_layout_and_a_comparison_across(tmp_path: Path) -> None:
+    """`--layouts`: the workload runs on each fleet in turn (its engines at the layout's
+    degrees, registered with them), and a record compares the systems across the fleets."""
+    out = tmp_path / "r.json"
+    args = [
+        "--emulate", "qwen3-8b@h100", "--layouts", "2x1,1x2,planned", "--gpus", "2",
+        "--kinds", "coding", "--prompts", "1", "--samples", "2", "--max-turns", "2",
+        "--token-scale", "0.02", "--tool-scale", "0.02", "--time-scale", "0.05",
+        "--repeats", "1", "--systems", "heddle,slime", "--peers", "", "--json", str(out),
+    ]  # fmt: skip
+    done = _run(*args, timeout_s=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "planned (" in done.stdout and "coding across fleets" in done.stdout
+    records = read_results(out)["records"]
+    workloads = {r["fleet"]: r for r in records if r["record"] == "workload"}
+    assert workloads["2x1"]["layout"] == [1, 1] and workloads["1x2"]["layout"] == [2]
+    assert sum(workloads["planned"]["layout"]) <= 2
+    runs = [r for r in records if r["record"] == "run"]
+    assert {(r["fleet"], r["system"]) for r in runs} == {
+        (f, s) for f in ("2x1", "1x2", "planned") for s in ("heddle", "slime")
+    }
+    (across,) = [r for r in records if r["record"] == "fleets"]
+    heddle = next(r for r in records if r["record"] == "system" and r["fleet"] == "planned")
+    assert across["heddle_s"] == heddle["makespan_s"]
+    slime = {
+        r["fleet"]: r["makespan_s"]
+        for r in records
+        if r["record"] == "system" and r["system"] == "slime"
+    }
+    assert across["best_baseline_uniform_s"] == min(slime["2x1"], slime["1x2"])
+    assert across["best_baseline_planned_s"] == slime["planned"]
+    assert across["best_peer_uniform"] is None  # no peer ran
