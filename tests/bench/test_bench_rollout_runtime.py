@@ -118,7 +118,7 @@ def test_each_workload_on_each_layout_and_a_comparison_across(tmp_path: Path) ->
     out = tmp_path / "r.json"
     args = [
         "--emulate", "qwen3-8b@h100", "--layouts", "2x1,1x2,planned", "--gpus", "2",
-        "--kinds", "coding", "--prompts", "1", "--samples", "2", "--max-turns", "2",
+        "--kinds", "coding", "--prompts", "4", "--samples", "3", "--max-turns", "2",
         "--token-scale", "0.02", "--tool-scale", "0.02", "--time-scale", "0.05",
         "--repeats", "1", "--systems", "heddle,slime", "--peers", "", "--json", str(out),
     ]  # fmt: skip
