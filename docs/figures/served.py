@@ -222,11 +222,9 @@ def heddle_layouts(name: str) -> None:
     fleets = list(dict.fromkeys(r["fleet"] for r in runs))
     layout = {r["fleet"]: r["layout"] for r in runs}
 
-    def label(f: str) -> str:
+    def label(f: str) -> str:  # (the annealed and planned layouts differ by workload)
         degrees = layout[f]
-        if f.startswith("uniform"):
-            return f"{len(degrees)}×TP{degrees[0]}"
-        return f"{f} ({'+'.join(map(str, degrees))})"
+        return f"{len(degrees)}×TP{degrees[0]}" if f.startswith("uniform") else f
 
     rows = []
     for w in WORKLOADS:
