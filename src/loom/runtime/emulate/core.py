@@ -173,14 +173,7 @@ class EmulatedEngine:
         tid, cached = self._match(prompt)
         if tid < 0:
             tid = next(self._ids)
-        spec = TrajectorySpec(
-            traj_id=tid,
-            prompt_id=0,
-            sample_idx=0,
-            workload=None,
-            turns=(TurnSpec(len(prompt) - cached, len(gen.tokens), None),),
-        )
-        state = TrajState(spec, ())
+        state = _one_turn(tid, len(prompt) - cached, len(gen.tokens))
         state.context = cached  # the prefix cached here when it arrived, if still there then
         entry = self._entries.get(tid)
         if entry is not None and cached < len(entry):
@@ -270,14 +263,7 @@ class EmulatedEngine:
         if not 0 < hold_s < float("inf"):
             raise InvalidRequest(f"hold_s must be a finite number > 0, got {hold_s}")
         cid = next(self._ids)
-        spec = TrajectorySpec(
-            traj_id=cid,
-            prompt_id=0,
-            sample_idx=0,
-            workload=None,
-            turns=(TurnSpec(len(tokens), 1, None),),
-        )
-        state = TrajState(spec, ())
+        state = _one_turn(cid, len(tokens), 1)
         state.status = TrajectoryStatus.FINISHED  # no request of its own reads it here
         if not self.worker.put_idle(state, len(tokens)):
             return None
@@ -420,6 +406,13 @@ class EmulatedEngine:
         for tid, tokens in list(self._entries.items()):
             if self.worker.cached_tokens(tid) != len(tokens):
                 self._forget(tid)
+
+
+def _one_turn(tid: int, input_tokens: int, output_tokens: int) -> TrajState:
+    """The worker's trajectory `tid` of one turn: a request, or room for a KV copy."""
+    turn = TurnSpec(input_tokens, output_tokens, None)
+    spec = TrajectorySpec(traj_id=tid, prompt_id=0, sample_idx=0, workload=None, turns=(turn,))
+    return TrajState(spec, ())
 
 
 def _common(a: list[int], b: list[int]) -> int:
