@@ -9,7 +9,7 @@ Heddle's planned layout (`loom plan rollout --simulate`: the annealed or a unifo
 whichever serves that batch fastest in the simulator); Heddle also runs its ablations on
 both of its layouts: without KV copies (a move prefills the context again), with least-load
 placement instead of its own, and with FCFS instead of PPS. Prints one table per workload: each
-system's makespan per fleet, its best uniform fleet, and the ratios the issue's targets name
+system's makespan per fleet, its best uniform fleet, and the ratios Heddle's targets name
 (best baseline on its best uniform fleet over Heddle on its planned one; best baseline on the
 planned fleet over Heddle there). Seconds are the emulated GPU's.
 
