@@ -241,7 +241,9 @@ def heddle_layouts(name: str) -> None:
                     *(
                         "–"
                         if f not in cells
-                        else f"**{cells[f]:,.0f}**" if cells[f] == best else f"{cells[f]:,.0f}"
+                        else f"**{cells[f]:,.0f}**"
+                        if cells[f] == best
+                        else f"{cells[f]:,.0f}"
                         for f in fleets
                     ),
                 ]
