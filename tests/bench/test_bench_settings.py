@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -104,7 +105,19 @@ def test_engine_spec_carries_the_cap_the_queue_and_the_emulated_degree() -> None
     assert engine_spec("http://e0", RouterSetup(max_running=4, queue=1)) == (
         "http://e0,max_running=4,queue=1"
     )
-    assert engine_spec("http://e0", EMULATED) == "http://e0,max_running=1024,queue=2,tp=2,priority"
+    assert (
+        engine_spec("http://e0", EMULATED)
+        == "http://e0,max_running=1024,queue=2,tp=2,node=0,priority"
+    )
+    # engines of a layout: each its own degree and node
+    laid = replace(EMULATED, slots=((8, 0), (4, 1), (4, 1)))
+    assert engine_spec("http://e2", laid, 2).endswith(",tp=4,node=1,priority")
+    assert [(e.spec.tp, e.node) for e in simulated_engines(laid, 3)] == [(8, 0), (4, 1), (4, 1)]
+    assert [(e.tp, e.node) for e in simulated_router(laid, "heddle", "pps", 3).engines] == [
+        (8, 0),
+        (4, 1),
+        (4, 1),
+    ]
 
 
 def test_router_config_in_this_process() -> None:
@@ -127,7 +140,7 @@ def test_serve_flags_as_loom_serve_rollout_takes_them(tmp_path: Path) -> None:
                         config=cfg)  # fmt: skip
     assert flags == [
         "--placement", "cache_aware", "--scheduler", "rr", "--state-dir", str(tmp_path),
-        "--engine", "http://e0,max_running=1024,queue=2,tp=2,priority", "--config", str(cfg),
+        "--engine", "http://e0,max_running=1024,queue=2,tp=2,node=0,priority", "--config", str(cfg),
     ]  # fmt: skip
     assert json.loads(cfg.read_text()) == {
         "refit_every": 100000,
