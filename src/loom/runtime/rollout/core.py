@@ -32,20 +32,18 @@ from __future__ import annotations
 
 import itertools
 import logging
-import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from loom.core.errors import Conflict, LoomError, NotFound, Unavailable, UpstreamError, http_status
-from loom.perf.latency import LatencyModel
 from loom.rollout.heddle.transmission import MigrationRequest, select_batch
-from loom.rollout.moves import decode_step_s, move_pays, pace_gain_s, prefill_s, slot_wait_s
 from loom.rollout.policy import Router, TurnScheduler
 from loom.runtime.rollout import events as ev
 from loom.runtime.rollout.admission import engine_priority
 from loom.runtime.rollout.ledger import Ledger
+from loom.runtime.rollout.move_rule import MoveRule
 from loom.runtime.rollout.state import EngineState, Fleet, Trajectory, Turn, TurnRecord
 from loom.runtime.rollout.turn import Key, TurnState
 
@@ -92,111 +90,6 @@ class CoreSettings:
     def of(cls, config: Any) -> CoreSettings:
         """The settings of a `RolloutServerConfig` (or anything with the same fields)."""
         return cls(**{name: getattr(config, name) for name in cls.__dataclass_fields__})
-
-
-class MoveRule:
-    """A move weighed by time (`loom.rollout.moves`): the wait it saves against what
-    prefilling the turn's context there costs beyond staying, by each engine's latency model
-    (its degree) and its measured pace. Late binding, Heddle's migrations and PPS's
-    preemptions all ask it. A migration whose KV moves with it (`move_kv`, between engines
-    that move KV) costs the part of the copy its tool call does not hide instead."""
-
-    def __init__(
-        self, latency: Callable[[int], LatencyModel | None], *, move_kv: bool = True
-    ) -> None:
-        self.latency = latency
-        self.move_kv = move_kv
-
-    def carries_kv(self, t: Trajectory, src: EngineState, dst: EngineState) -> bool:
-        """Whether moving `t` from `src` to `dst` now copies its KV there: it is in a tool
-        call with its context cached at `src`, and both engines move KV."""
-        return (
-            self.move_kv
-            and src.kv is not None
-            and dst.kv is not None
-            and not t.active
-            and t.prefix.get(src.idx, 0) > 0
-        )
-
-    def transfer_s(self, t: Trajectory, src: EngineState, dst: EngineState) -> float:
-        """Seconds copying `t`'s KV from `src` to `dst` takes (`loom.perf.transfer`)."""
-        assert src.kv is not None and dst.kv is not None, "engines that move no KV"
-        return src.kv.transfer_s(t.prefix.get(src.idx, 0), dst.kv)
-
-    def prefill_s(self, e: EngineState, tokens: int, cached: int) -> float:
-        """Seconds prefilling `tokens`, `cached` of them in its prefix cache, adds to a step
-        of `e`'s."""
-        return prefill_s(self.latency(e.tp), tokens, cached)
-
-    def extra_prefill_s(self, t: Trajectory, seq: int, src: EngineState, dst: EngineState) -> float:
-        """What prefilling `seq` tokens of `t` at `dst` costs beyond prefilling them at `src`."""
-        there = self.prefill_s(dst, seq, t.prefix.get(dst.idx, 0))
-        return there - self.prefill_s(src, seq, t.prefix.get(src.idx, 0))
-
-    def step_s(self, e: EngineState, context: int) -> float | None:
-        """A decode step of `e`'s with one more sequence of `context` tokens among its
-        running turns (None where it has no latency model)."""
-        held = sum(len(r.prompt) + len(r.generated) for r in e.running.values())
-        return decode_step_s(self.latency(e.tp), len(e.running) + 1, held + context)
-
-    def slot_wait(self, e: EngineState) -> float:
-        """Seconds a turn placed at `e` now would wait for a slot there."""
-        if e.has_slot() and not e.waiting:
-            return 0.0
-        return slot_wait_s(len(e.running), e.pace.turn_s, len(e.waiting))
-
-    def late_pays(self, turn: Turn, src: EngineState, ahead: int, dst: EngineState) -> bool:
-        """`turn`, `ahead` turns from the head of `src`'s queue, moves to `dst` (which has a
-        slot) where its wait at `src` exceeds what prefilling it at `dst` costs more; an
-        aged turn moves whatever it costs."""
-        if turn.aged:
-            return True
-        seq = len(turn.prompt) + len(turn.generated)
-        wait = slot_wait_s(len(src.running), src.pace.turn_s, ahead)
-        return wait > self.extra_prefill_s(turn.traj, seq, src, dst)
-
-    def step_without_s(self, e: EngineState) -> float | None:
-        """A decode step of `e`'s running turns alone."""
-        held = sum(len(r.prompt) + len(r.generated) for r in e.running.values())
-        return decode_step_s(self.latency(e.tp), len(e.running), held)
-
-    def others_s(self, remaining: float, src: EngineState, dst: EngineState, seq: int) -> float:
-        """What running a trajectory of `seq` tokens at `dst` rather than `src` costs the
-        other turns running at both, over its `remaining` tokens: each of `dst`'s takes a
-        step with it among them, each of `src`'s one without (negative where they gain)."""
-        if not (math.isfinite(remaining) and remaining > 0):
-            return 0.0
-        cost = 0.0
-        for e, sign in ((dst, 1.0), (src, -1.0)):
-            with_it, without = self.step_s(e, seq), self.step_without_s(e)
-            if with_it is None or without is None:
-                return 0.0
-            cost += sign * len(e.running) * (with_it - without)
-        return remaining * cost
-
-    def migration_pays(
-        self, t: Trajectory, src: EngineState, dst: EngineState, tool_left_s: float = 0.0
-    ) -> bool:
-        """Heddle's migration between turns: the wait its next turn saves at `dst`, with the
-        time its remaining tokens (as predicted) save decoding at `dst`'s step, must exceed
-        what the move costs: prefilling its context there beyond at `src` (or, where its KV
-        moves, the part of the copy the `tool_left_s` its tool call is expected to run yet
-        does not hide), and what it does to the other turns at both engines."""
-        seq = t.pending_context
-        if self.carries_kv(t, src, dst):
-            cost = max(0.0, self.transfer_s(t, src, dst) - tool_left_s)
-        else:
-            cost = self.extra_prefill_s(t, seq, src, dst)
-        remaining = float(t.predicted_total) - t.generated
-        gain = pace_gain_s(remaining, self.step_s(src, seq), self.step_s(dst, seq))
-        cost += self.others_s(remaining, src, dst, seq)
-        return move_pays(cost, self.slot_wait(src), self.slot_wait(dst), gain)
-
-    def preemption_pays(self, e: EngineState, victim: Turn) -> bool:
-        """Evicting `victim` pays where the wait the head of `e`'s queue saves exceeds the
-        victim's prefill again."""
-        saved = slot_wait_s(len(e.running), e.pace.turn_s)
-        return saved > self.prefill_s(e, len(victim.prompt) + len(victim.generated), 0)
 
 
 Handler = Callable[[Any], None]

@@ -15,7 +15,8 @@ from loom.rollout.heddle.planner import DegreeCostModel, decode_context
 from loom.rollout.heddle.router import HeddleRouter
 from loom.rollout.policy import ROUTERS, SCHEDULERS, PlacementKind, Router, TurnScheduler
 from loom.runtime.rollout.config import RolloutServerConfig
-from loom.runtime.rollout.core import CoreSettings, MoveRule, RouterCore
+from loom.runtime.rollout.core import CoreSettings, RouterCore
+from loom.runtime.rollout.move_rule import MoveRule
 
 __all__ = [
     "check_config",
