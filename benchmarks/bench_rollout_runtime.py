@@ -240,7 +240,12 @@ def _workload(
     n_engines = len(fleet.urls)
     sims = {
         s.name: simulate_emulated(
-            config, setup, s.policies, batch, n_engines, engine_max_running=args.engine_max_running
+            config,
+            s.setup(setup),
+            s.policies,
+            batch,
+            n_engines,
+            engine_max_running=args.engine_max_running,
         )
         for s in systems
         if s.policies is not None
@@ -320,7 +325,7 @@ def _simulated(
         return dict.fromkeys(SIM_FIELDS)
     decision = (row["router_cpu_ms_per_turn"] or 0.0) / 1e3 / args.time_scale
     routed = simulate_emulated(
-        config, setup, s.policies, batch, n_engines,
+        config, s.setup(setup), s.policies, batch, n_engines,
         engine_max_running=args.engine_max_running,
         dispatch_s=2 * rtt / args.time_scale, decision_s=decision,
     )  # fmt: skip
@@ -459,11 +464,14 @@ def _simulate_served(
     print("served profile (decode_batch, context, prefill, prefill_ctx, s):", calib)
     by = {s.name: s for s in systems}
     for row in rows:
-        policies = by[row["system"]].policies
+        s = by[row["system"]]
+        policies = s.policies
         if policies is None:
             row |= {"sim_makespan_s": None, "sim_over_real": None}
             continue
-        row["sim_makespan_s"] = simulate(config, setup, policies, batch, len(fleet.urls), served)
+        row["sim_makespan_s"] = simulate(
+            config, s.setup(setup), policies, batch, len(fleet.urls), served
+        )
         row["sim_over_real"] = row["sim_makespan_s"] / row["makespan_s"]
         print(
             f"{row['system']:>16}: simulated {row['sim_makespan_s']:6.1f} s, real "

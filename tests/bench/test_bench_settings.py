@@ -190,3 +190,18 @@ def test_the_profiled_engines_as_the_simulator_models_them() -> None:
     assert e.max_running == 4  # the router's admission cap
     assert e.decode_reserve == 256
     assert e.scheduling_policy is EngineSchedulingPolicy.FCFS  # it refuses priorities
+
+
+def test_an_ablation_system_sets_its_router_over_the_benchmarks(tmp_path: Path) -> None:
+    from loom.bench.systems import system
+
+    nokv, heddle = system("heddle-nokv"), system("heddle")
+    assert nokv.policies == heddle.policies == ("heddle", "pps")
+    assert heddle.setup(EMULATED) is EMULATED
+    off = nokv.setup(EMULATED)
+    assert off.settings == {**EMULATED.settings, "move_kv": False}
+    assert simulated_router(off, "heddle", "pps", 2).move_kv is False
+    assert simulated_router(EMULATED, "heddle", "pps", 2).move_kv is True
+    cfg = tmp_path / "router.json"
+    serve_flags(off, "heddle", "pps", ["http://e0"], state_dir=tmp_path, config=cfg)
+    assert json.loads(cfg.read_text())["move_kv"] is False

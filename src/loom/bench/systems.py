@@ -10,7 +10,7 @@ import contextlib
 import shutil
 import tempfile
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +51,7 @@ class Served(Launch):
 
     def router(self, bench: Bench, system: LoomSystem, state: Path) -> Router:
         flags = serve_flags(
-            bench.setup,
+            system.setup(bench.setup),
             system.placement,
             system.scheduler,
             bench.fleet.urls,
@@ -66,7 +66,7 @@ class InProcess(Launch):
 
     def router(self, bench: Bench, system: LoomSystem, state: Path) -> Router:
         config = router_config(
-            bench.setup,
+            system.setup(bench.setup),
             system.placement,
             system.scheduler,
             bench.fleet.urls,
@@ -103,6 +103,10 @@ class System(ABC):
     @abstractmethod
     def policies(self) -> tuple[str, str] | None: ...
 
+    def setup(self, base: RouterSetup) -> RouterSetup:
+        """Loom's router as this system sets it over the benchmark's `base`."""
+        return base
+
     @abstractmethod
     def run(self, bench: Bench, batch: Batch, draws: Draws) -> dict[str, Any]:
         """One run of the batch through a fresh router of this system: `system`, the
@@ -112,13 +116,22 @@ class System(ABC):
 
 @dataclass(frozen=True)
 class LoomSystem(System):
+    """Loom's router under `placement` and `scheduler`, with router `settings` of its own
+    over the benchmark's (an ablation: `move_kv` off)."""
+
     name: str
     placement: str
     scheduler: str
+    settings: tuple[tuple[str, Any], ...] = ()
 
     @property
     def policies(self) -> tuple[str, str]:
         return self.placement, self.scheduler
+
+    def setup(self, base: RouterSetup) -> RouterSetup:
+        if not self.settings:
+            return base
+        return replace(base, settings={**base.settings, **dict(self.settings)})
 
     def run(self, bench: Bench, batch: Batch, draws: Draws) -> dict[str, Any]:
         state = Path(tempfile.mkdtemp(dir=bench.work))
@@ -175,8 +188,9 @@ SYSTEMS: dict[str, System] = {
         LoomSystem("verl", "cache_aware", "rr"),
         LoomSystem("slime", "least_load", "rr"),
         LoomSystem("verl*", "hybrid", "rr"),
-        # ablations: Heddle's placement alone, PPS alone
+        # ablations: Heddle's placement alone, PPS alone, Heddle without moving KV
         LoomSystem("heddle-placement", "heddle", "rr"),
+        LoomSystem("heddle-nokv", "heddle", "pps", (("move_kv", False),)),
         LoomSystem("pps-only", "least_load", "pps"),
         # peers: the same batch through each peer router with each of its policies
         *(
