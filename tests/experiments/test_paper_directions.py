@@ -34,20 +34,65 @@ def test_rose_fig9_dual_slo_holds_the_tpot_tail_that_ttft_only_loses() -> None:
     assert p99[AdmissionKind.DUAL_SLO] < p99[AdmissionKind.TTFT_ONLY], p99
 
 
-def test_rose_fig14_lent_gpus_move_the_middle_of_the_rollout_forward() -> None:
-    """ROSE App. E / Fig. 14: 16 lent GPUs shorten the 8B rollout (paper 1.69x). In the model
-    they run rollout work and half the batch finishes sooner, but the step ends with its
-    longest trajectories on the dedicated GPUs, so its length does not follow (at this seed
-    it is a few percent longer: docs/differences.md); the middle is what is checked."""
-    wl = ROSE_WORKLOADS["8b"]
-    median, lent_s = {}, {}
-    for n in (0, 16):
-        run = rose.train(wl, replace(rose.ROSE, lent_gpus=n), rose.Algo.GRPO, 1, seed=SEED)
-        result = run.steps[0].result
-        median[n] = float(np.median(result.finish_s))
-        lent_s[n] = result.lent_busy_s
-    assert lent_s[0] == 0 < lent_s[16], lent_s
-    assert median[16] < median[0], median
+ROSE_SEEDS = (3, 11, 29)  # held out: the docs quote seeds 1 and 7, the issue seed 23
+
+
+@pytest.fixture(scope="module")
+def rose_fig14() -> dict[int, dict[int, dict]]:
+    """Fig. 14's rows (quick scale) at each held-out seed, by seed and lent GPUs."""
+    scale = rose.RoseScale.for_run(quick=True)
+    return {
+        seed: {
+            r["lent_gpus"]: r
+            for _, thunk in rose.fig14_tasks(scale, seed)
+            for r in thunk()
+            if r["experiment"] == "fig14"
+        }
+        for seed in ROSE_SEEDS
+    }
+
+
+def test_rose_fig14_no_number_of_lent_gpus_beats_the_slowest_trajectory_alone(
+    rose_fig14: dict[int, dict[int, dict]],
+) -> None:
+    """ROSE App. E / Fig. 14: lent GPUs can end a step no sooner than its slowest trajectory
+    decodes alone (`speedup_bound`); every measured speedup is within it, and 16 lent GPUs
+    shorten the step at every seed. The bound is below the paper's 1.69x at these seeds
+    (docs/differences.md says why)."""
+    for seed, rows in rose_fig14.items():
+        bound = rows[0]["speedup_bound"]
+        assert 1.0 < bound < rose.PAPER[("fig14", "8b", 16)], (seed, bound)
+        for n, r in rows.items():
+            assert r["speedup"] <= bound, (seed, n, r["speedup"], bound)
+        assert rows[16]["rollout_time_s"] < rows[0]["rollout_time_s"], seed
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the model's step ends with its longest trajectories on the dedicated GPUs, which "
+    "§4.3's cap keeps full: 4 → 8 lent GPUs lengthens it at some seeds, and 16 give 1.05-1.16x "
+    "of a 1.52-1.58x bound (docs/differences.md, ROSE Fig. 14)",
+)
+def test_rose_fig14_each_step_of_lent_gpus_shortens_the_rollout_as_the_paper_says(
+    rose_fig14: dict[int, dict[int, dict]],
+) -> None:
+    """The paper's claim as stated: rollout time falls with 4, 8 and 16 lent GPUs, and 16
+    give at least 1.45x (its 1.69x within 15%)."""
+    for seed, rows in rose_fig14.items():
+        times = [rows[n]["rollout_time_s"] for n in (0, 4, 8, 16)]
+        assert times == sorted(times, reverse=True), (seed, times)
+        assert rows[16]["speedup"] >= 1.45, (seed, rows[16]["speedup"])
+
+
+@pytest.mark.parametrize("key", ["8b", "32b"])
+def test_rose_fig7_rose_beats_roll_grpo(key: str) -> None:
+    """ROSE Fig. 7a: with its lent GPUs, ROSE's throughput beats ROLL's under GRPO (paper
+    1.31x on 8B, 1.46x on 32B), at every held-out seed."""
+    wl = ROSE_WORKLOADS[key]
+    for seed in ROSE_SEEDS:
+        roll = rose.train(wl, rose.ROLL, rose.Algo.GRPO, 2, seed)
+        ours = rose.train(wl, rose.ROSE, rose.Algo.GRPO, 2, seed)
+        assert ours.mean_throughput() > roll.mean_throughput(), (key, seed)
 
 
 def test_plexrl_fig8_spread_backfill_drains_first_and_delays_least() -> None:

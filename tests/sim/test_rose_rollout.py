@@ -165,6 +165,25 @@ def test_the_same_seed_gives_the_same_result() -> None:
     assert len(a.ttft_s) > 0 and a.aborts > 0
 
 
+def test_the_timeline_counts_every_turn_where_it_is_and_leaves_the_result_alone() -> None:
+    trajs = specs(2)  # 32 trajectories, one dedicated worker of 16: the rest queue or go lent
+    plain = make_rollout(trajs, lent=lent_slice(4), weights_delay_s=5.0).run()
+    r = make_rollout(trajs, lent=lent_slice(4), weights_delay_s=5.0, timeline_s=2.0)
+    res = r.run()
+    assert res.makespan_s == plain.makespan_s and np.array_equal(res.finish_s, plain.finish_s)
+    points = res.timeline
+    assert [t for t, *_ in points] == pytest.approx([2.0 * i for i in range(len(points))])
+    assert points[-1][0] <= res.makespan_s < points[-1][0] + 2.0  # sampled to the end, no further
+    assert points[0][1:] == (32, 16, 16, 0)  # before the weights land: 16 run, 16 wait
+    for _, alive, queued, dedicated, lent in points:
+        assert queued + dedicated + lent <= alive  # the rest are in their tool calls
+        assert dedicated <= 16
+    assert any(lent > 0 for *_, lent in points)
+    assert plain.timeline == ()
+    with pytest.raises(ConfigError, match="timeline_s"):
+        make_rollout(trajs, timeline_s=0.0)
+
+
 # ---- weights ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("delay", [0.0, 20.0])
 def test_lent_workers_take_no_turn_before_the_weights_land(

@@ -210,6 +210,7 @@ def _rollout(
     weights_delay_s: float,
     feed: _Feed | None,
     elastic: ElasticPool | None = None,
+    timeline_s: float | None = None,
 ) -> RoseRolloutResult:
     return _simulation(
         wl,
@@ -224,6 +225,7 @@ def _rollout(
         weights_delay_s=weights_delay_s,
         feed=feed,
         elastic=elastic,
+        timeline_s=timeline_s,
     ).run()
 
 
@@ -308,9 +310,11 @@ def train(
     seed: int,
     *,
     day_offset_s: float = DAY_OFFSET_S,
+    timeline_s: float | None = None,
 ) -> TrainRun:
     """Run `steps` RL steps of `wl` under `system` with `algo` (GRPO and DAPO one-step
-    off-policy, AReaL streaming) and return each step's times and tokens."""
+    off-policy, AReaL streaming) and return each step's times and tokens (and, every
+    `timeline_s`, what each GRPO or DAPO step's rollout was doing: `RoseRolloutResult.timeline`)."""
     wl = replace(wl, seed=seed)
     if algo == Algo.AREAL:
         return _areal(wl, system, steps, seed)
@@ -347,6 +351,7 @@ def train(
             weights_delay_s=max(0.0, train_end[0] + delay - start),
             feed=feed,
             elastic=pool,
+            timeline_s=timeline_s,
         )
         if algo == Algo.DAPO:  # the share of valid groups among those that finished
             assert feed is not None and feed.stats is not None
@@ -620,13 +625,38 @@ def fig8_tasks(scale: RoseScale, seed: int) -> Iterator[Task]:
         yield f"fig8 {key}", thunk
 
 
+FIG14_TIMELINE_S = 5.0  # the first step's timeline, a point every 5 s of simulated time
+FIG14_SERIES = (
+    "trajectories alive",
+    "turns in the central queue",
+    "turns on dedicated GPUs",
+    "turns on lent GPUs",
+)
+
+
+def longest_alone_s(wl: RoseWorkload, specs: Sequence[TrajectorySpec]) -> float:
+    """The step's slowest trajectory run alone on one dedicated rollout worker (its turns, its
+    tool calls, nothing batched beside it): no placement over any number of GPUs ends the step
+    sooner."""
+    route = ROSE_ROUTERS.get(RoutingKind.ROSE)
+    dedicated = [wl.rollout_tp]
+    return max(
+        _simulation(wl, [s], router=route(), dedicated_tp=dedicated).run().makespan_s for s in specs
+    )
+
+
 def fig14_tasks(scale: RoseScale, seed: int) -> Iterator[Task]:
-    """App. E / Fig. 14: rollout time of Qwen3-8B with 0, 4, 8 and 16 lent GPUs."""
+    """App. E / Fig. 14: rollout time of Qwen3-8B with 0, 4, 8 and 16 lent GPUs; beside it
+    the most any lent GPUs could give (the steps' slowest trajectories alone), and the first
+    step's timeline with none and with 16."""
 
     def thunk() -> list[Record]:
         wl = _wl("8b")
+        seeded = replace(wl, seed=seed)
+        steps = training_steps(seeded, Algo.GRPO, scale.analysis_steps)
+        alone = float(np.mean([longest_alone_s(seeded, seeded.sample(at)) for at in steps]))
         base = None
-        rows = []
+        rows: list[Record] = []
         for n in (0, 4, 8, 16):
             run = train(
                 wl,
@@ -634,6 +664,7 @@ def fig14_tasks(scale: RoseScale, seed: int) -> Iterator[Task]:
                 Algo.GRPO,
                 scale.analysis_steps,
                 seed,
+                timeline_s=FIG14_TIMELINE_S if n in (0, 16) else None,
             )
             t = float(np.mean([s.rollout_s for s in run.steps]))
             base = base or t
@@ -645,8 +676,23 @@ def fig14_tasks(scale: RoseScale, seed: int) -> Iterator[Task]:
                     lent_gpus=n,
                     speedup=base / t,
                     paper_speedup=PAPER.get(("fig14", "8b", n), 1.0),
+                    longest_alone_s=alone,
+                    speedup_bound=base / alone,
                 )
             )
+            rows += [
+                {
+                    "experiment": "fig14_timeline",
+                    "model": wl.model,
+                    "lent_gpus": n,
+                    "panel": f"{n} lent GPUs",
+                    "t_s": point[0],
+                    "series": name,
+                    "count": count,
+                }
+                for point in run.steps[0].result.timeline
+                for name, count in zip(FIG14_SERIES, point[1:], strict=True)
+            ]
         return rows
 
     yield "fig14", thunk
@@ -1085,6 +1131,20 @@ def plot(records: list[Record], out: Path) -> list[Path]:
                     title=title,
                 )
             )
+    if "fig14_timeline" in by:
+        paths.append(
+            line_plot(
+                by["fig14_timeline"],
+                x="t_s",
+                metric="count",
+                hue="series",
+                facet="panel",
+                xlabel="time into the step (s)",
+                ylabel="trajectories, turns",
+                path=out / "fig14_timeline.png",
+                title="Fig. 14: the first 8B step with no lent GPUs and with 16",
+            )
+        )
     for exp, stem, x, xlabel, metric, ylabel, hue, paper, title in LINES:
         if exp in by:
             paths.append(

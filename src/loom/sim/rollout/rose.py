@@ -119,6 +119,9 @@ class RoseRolloutResult:
     kept_tokens_by_finish: tuple[int, ...]  # each kept trajectory's, in finishing order
     events: int
     lent_busy_s: float  # rollout seconds on lent instances
+    # (t from the step's start, trajectories alive, turns in the central queue, turns on
+    # dedicated workers, turns on lent ones), every `timeline_s` (empty: not sampled)
+    timeline: tuple[tuple[float, int, int, int, int], ...] = ()
 
 
 @dataclass
@@ -196,7 +199,10 @@ class RoseRollout:
         tokens_per_page: int | None = None,
         serving_horizon_s: float | None = None,
         elastic: ElasticPool | None = None,
+        timeline_s: float | None = None,
     ) -> None:
+        if timeline_s is not None and not timeline_s > 0:
+            raise ConfigError(f"timeline_s must be > 0 s, got {timeline_s}")
         if not trajectories and (serving is None or serving_horizon_s is None):
             raise ConfigError(
                 "a rollout needs at least one trajectory (or serving traffic and a horizon)"
@@ -295,6 +301,8 @@ class RoseRollout:
         self._ran = False
         self._serving_idx = 0
         self._sreq = 0
+        self.timeline_s = timeline_s
+        self._timeline: list[tuple[float, int, int, int, int]] = []
 
     # ---- run -----------------------------------------------------------------------------
     def run(self) -> RoseRolloutResult:
@@ -312,6 +320,8 @@ class RoseRollout:
         self._start_elastic()
         for _ in range(min(self.feed.initial, len(self.feed.specs))):
             self._launch()
+        if self.timeline_s is not None:
+            self.eng.after(0.0, self._sample, priority=4)  # after the launches have landed
         self.eng.run()
         return self._result()
 
@@ -413,6 +423,19 @@ class RoseRollout:
         surplus, AReaL's next batch); the serving stream stops feeding."""
         self._done = True
         self.eng.stop()
+
+    def _sample(self) -> None:
+        """One point of the step's timeline; the next while trajectories are alive."""
+        if self._done:
+            return
+        dedicated = sum(w.load for w in self.workers if w not in self.lent)
+        lent = sum(w.load for w in self.lent)
+        self._timeline.append(
+            (self.eng.now - self.t0, self._active, self.router.queued, dedicated, lent)
+        )
+        if self._active or self._pending_launch:
+            assert self.timeline_s is not None
+            self.eng.after(self.timeline_s, self._sample, priority=4)
 
     # ---- elastic GPUs (baselines) ---------------------------------------------------------
     def _start_elastic(self) -> None:
@@ -535,6 +558,7 @@ class RoseRollout:
             ),
             events=self.eng.events_run,
             lent_busy_s=sum(w.rollout_busy_s for w in self.lent),
+            timeline=tuple(self._timeline),
         )
 
     def _kept(self) -> list[TrajState]:
