@@ -14,6 +14,7 @@ __all__ = [
     "rose_fig9",
     "rose_fig10",
     "rose_fig14",
+    "rose_fig14_bound",
     "rose_fig14_longer",
     "rose_fig14_need",
     "rose_headlines",
@@ -249,6 +250,18 @@ def rose_fig14(names: Sequence[str]) -> None:
             cells.append(f"{row['rollout_time_s']:,.0f} s ({x(row['speedup'])})")
         rows.append([str(n_lent), *cells])
     table(["lent GPUs", *(run_label(n) for n in names)], rows)
+
+
+def rose_fig14_bound(names: Sequence[str]) -> str:
+    """Per run: the steps' slowest trajectory alone (seconds) and the speedup over no lent
+    GPUs that ending the step with it would give: "276 s, 1.54x (seed 1)"."""
+    parts = []
+    for n in names:
+        row = result(n).one(experiment="fig14", lent_gpus=0)
+        parts.append(
+            f"{row['longest_alone_s']:,.0f} s, {x(row['speedup_bound'])} (seed {result(n).seed})"
+        )
+    return "; ".join(parts)
 
 
 def rose_fig14_need() -> str:

@@ -15,6 +15,8 @@ __all__ = [
     "grpo_job",
     "heddle_layout_ratios",
     "heddle_layouts",
+    "heddle_served",
+    "heddle_served_rows",
     "router_overhead",
     "router_ratios",
     "served_claims",
@@ -291,6 +293,99 @@ def heddle_layout_ratios(name: str) -> None:
             "no KV copies (annealed)",
             "least-load (annealed)",
             "FCFS (annealed)",
+        ],
+        rows,
+    )
+
+
+def heddle_served_rows(name: str) -> list[dict[str, Any]]:
+    """The served benchmark's bars: per workload and system (Heddle aside), Heddle's speedup
+    over it (its median makespan over Heddle's), served and in the simulator, the served bars
+    carrying the paper's Fig. 12 range where the system is one of its baselines."""
+    from loom.experiments.heddle import SPEEDUP_PAPER
+
+    paper = {"verl": "verl", "slime": "slime", "verl*": "verl_star"}
+    rows: list[dict[str, Any]] = []
+    for w in WORKLOADS:
+        mine = {r["system"]: r for r in result(name).where(record="system", workload=w)}
+        if "heddle" not in mine:
+            continue
+        heddle = mine["heddle"]
+        for system, r in mine.items():
+            if system == "heddle":
+                continue
+            stated = SPEEDUP_PAPER["fig12"].get(paper.get(system, ""))
+            rows.append(
+                {
+                    "workload": w,
+                    "system": system,
+                    "run": "served (median)",
+                    "speedup": r["makespan_s"] / heddle["makespan_s"],
+                    "paper": stated,
+                }
+            )
+            if r.get("sim_routed_s") and heddle.get("sim_routed_s"):
+                rows.append(
+                    {
+                        "workload": w,
+                        "system": system,
+                        "run": "simulated",
+                        "speedup": r["sim_routed_s"] / heddle["sim_routed_s"],
+                        "paper": None,
+                    }
+                )
+    if not rows:
+        raise StoredResultError(f"{name}: no workload with Heddle's makespan")
+    return rows
+
+
+def _over_heddle(mine: dict[str, Any], names: Sequence[str], best: bool) -> str:
+    """Of one workload's systems (`mine`, by name): the fastest of `names` over Heddle's
+    makespan, named (`best`), or the one system of `names`; "–" where none ran."""
+    ran = [mine[s] for s in names if s in mine]
+    if not ran:
+        return "–"
+    top = min(ran, key=lambda r: float(r["makespan_s"]))
+    ratio = f2(top["makespan_s"] / mine["heddle"]["makespan_s"])
+    return f"{ratio} ({top['system']})" if best else ratio
+
+
+def heddle_served(name: str) -> None:
+    """Per workload of a served benchmark run: Heddle's median makespan and spread, the best
+    peer and the best of verl/slime/verl* (each by its median) over Heddle's, what each of
+    Heddle's mechanisms buys (its ablation's makespan over Heddle's: KV copies, PPS,
+    placement) and Heddle's real makespan over the simulator's."""
+    from loom.bench.systems import BASELINES, PEERS
+
+    rows = []
+    for w in WORKLOADS:
+        mine = {r["system"]: r for r in result(name).where(record="system", workload=w)}
+        if "heddle" not in mine:
+            continue
+        heddle = mine["heddle"]
+        real_sim = _real_over_sim(heddle)
+        rows.append(
+            [
+                w,
+                f"{heddle['makespan_s']:,.0f} s ± {100 * heddle['spread']:.0f}%",
+                _over_heddle(mine, PEERS, best=True),
+                _over_heddle(mine, BASELINES, best=True),
+                _over_heddle(mine, ["heddle-nokv"], best=False),
+                _over_heddle(mine, ["heddle-placement"], best=False),
+                _over_heddle(mine, ["pps-only"], best=False),
+                "–" if real_sim is None else f2(real_sim),
+            ]
+        )
+    table(
+        [
+            "workload",
+            "Heddle",
+            "best peer / Heddle",
+            "best baseline / Heddle",
+            "no KV copies",
+            "no PPS",
+            "no placement",
+            "Heddle real / simulated",
         ],
         rows,
     )
