@@ -53,7 +53,7 @@ def _served_plot(out: Path) -> Path:
     doc = result(name)
     runs = max(r["runs"] for r in doc.where(record="system"))
     fig = bar_figure(
-        [r for r in heddle_served_rows(name) if r["run"] != "simulated"],
+        heddle_served_rows(name),
         x="workload",
         hue="system",
         metric="speedup",

@@ -300,8 +300,8 @@ def heddle_layout_ratios(name: str) -> None:
 
 def heddle_served_rows(name: str) -> list[dict[str, Any]]:
     """The served benchmark's bars: per workload and system (Heddle aside), Heddle's speedup
-    over it (its median makespan over Heddle's), served and in the simulator, the served bars
-    carrying the paper's Fig. 12 range where the system is one of its baselines."""
+    over it (its median makespan over Heddle's), carrying the paper's Fig. 12 range where the
+    system is one of its baselines."""
     from loom.experiments.heddle import SPEEDUP_PAPER
 
     paper = {"verl": "verl", "slime": "slime", "verl*": "verl_star"}
@@ -311,29 +311,16 @@ def heddle_served_rows(name: str) -> list[dict[str, Any]]:
         if "heddle" not in mine:
             continue
         heddle = mine["heddle"]
-        for system, r in mine.items():
-            if system == "heddle":
-                continue
-            stated = SPEEDUP_PAPER["fig12"].get(paper.get(system, ""))
-            rows.append(
-                {
-                    "workload": w,
-                    "system": system,
-                    "run": "served (median)",
-                    "speedup": r["makespan_s"] / heddle["makespan_s"],
-                    "paper": stated,
-                }
-            )
-            if r.get("sim_routed_s") and heddle.get("sim_routed_s"):
-                rows.append(
-                    {
-                        "workload": w,
-                        "system": system,
-                        "run": "simulated",
-                        "speedup": r["sim_routed_s"] / heddle["sim_routed_s"],
-                        "paper": None,
-                    }
-                )
+        rows += [
+            {
+                "workload": w,
+                "system": system,
+                "speedup": r["makespan_s"] / heddle["makespan_s"],
+                "paper": SPEEDUP_PAPER["fig12"].get(paper.get(system, "")),
+            }
+            for system, r in mine.items()
+            if system != "heddle"
+        ]
     if not rows:
         raise StoredResultError(f"{name}: no workload with Heddle's makespan")
     return rows

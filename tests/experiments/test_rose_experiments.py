@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from loom.cli import app
 from loom.core.errors import ConfigError
 from loom.experiments import rose as ex
+from loom.experiments import rose_steps as steps
 from loom.rollout.rose.admission import Role
 from loom.rollout.rose.memory import MemorySharing
 from loom.sim.workloads.rose import ROSE_WORKLOADS, Algorithm, train_time_s
@@ -30,14 +31,14 @@ TINY = replace(WL, batch=32, rollout_gpus=2, max_lent_gpus=4)
 def spy_rollouts(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     """Record each step's rollout call (its keyword arguments) and result."""
     calls: list[dict[str, Any]] = []
-    real = ex._rollout
+    real = steps._rollout
 
     def spy(*args: Any, **kw: Any) -> Any:
         res = real(*args, **kw)
         calls.append({**kw, "result": res})
         return res
 
-    monkeypatch.setattr(ex, "_rollout", spy)
+    monkeypatch.setattr(steps, "_rollout", spy)
     return calls
 
 
@@ -48,7 +49,7 @@ def test_grpo_runs_one_step_off_policy(monkeypatch: pytest.MonkeyPatch) -> None:
     assert len(run.steps) == len(calls) == 4
     ends = [s.train_end_s for s in run.steps]
     assert all(b > a for a, b in itertools.pairwise(ends))
-    delay = ex.transfer_s(TINY)
+    delay = steps.transfer_s(TINY)
     for s, (step, call) in enumerate(zip(run.steps, calls, strict=True)):
         start = call["start_s"]
         rollout_before = calls[s - 1]["start_s"] + run.steps[s - 1].rollout_s if s else 0.0
@@ -70,7 +71,7 @@ def test_dapo_trains_exactly_the_batch_of_valid_groups(monkeypatch: pytest.Monke
     calls = spy_rollouts(monkeypatch)
     run = ex.train(TINY, ex.ROSE, ex.Algo.DAPO, 3, seed=1)
     need = TINY.batch // TINY.group
-    most = ex.DAPO_MAX_MULTIPLE * need
+    most = steps.DAPO_MAX_MULTIPLE * need
     full = 0
     for call in calls:
         res, stats = call["result"], call["feed"].stats
@@ -115,7 +116,7 @@ def test_lent_instances_are_one_prefiller_to_three_decoders(
     key: str, instances: int, tp: int
 ) -> None:
     wl = ROSE_WORKLOADS[key]
-    lent = ex.lent_instances(wl, ex.ROSE)
+    lent = steps.lent_instances(wl, ex.ROSE)
     assert len(lent) == instances and {i.tp for i in lent} == {tp}
     roles = [i.config.role for i in lent]
     assert roles.count(Role.PREFILL) * 3 == roles.count(Role.DECODE)
@@ -123,9 +124,9 @@ def test_lent_instances_are_one_prefiller_to_three_decoders(
     assert all(isinstance(i.memory, MemorySharing) for i in lent)
     mem = lent[0].config.memory
     assert 0 < mem.headroom_pages < mem.pool_pages
-    assert ex.lent_instances(wl, replace(ex.ROSE, lent_gpus=0)) == []
-    assert len(ex.lent_instances(wl, replace(ex.ROSE, lent_gpus=2 * tp))) == 2
-    no_cache = ex.lent_instances(wl, replace(ex.ROSE, prefix_cache=False))
+    assert steps.lent_instances(wl, replace(ex.ROSE, lent_gpus=0)) == []
+    assert len(steps.lent_instances(wl, replace(ex.ROSE, lent_gpus=2 * tp))) == 2
+    no_cache = steps.lent_instances(wl, replace(ex.ROSE, prefix_cache=False))
     assert no_cache[0].config.memory.lease_s == 0.0
 
 
@@ -133,13 +134,13 @@ def test_serving_alone_meets_its_slo_at_fig_3b_load() -> None:
     """The lent slice serving its share of the day alone (Table 1's no-rollout row) keeps the
     TTFT SLO with room to spare, and its rate grows with the prefillers it has."""
     gpus = WL.max_lent_gpus
-    day = synthetic_day(mean_rps=ex.serving_rate(WL, gpus), hours=24.0, seed=0)
+    day = synthetic_day(mean_rps=steps.serving_rate(WL, gpus), hours=24.0, seed=0)
     res = ex.serving_alone(WL, gpus, day)
     p99 = float(np.percentile(res.ttft_s, 99))
     assert len(res.ttft_s) > 1_000
     assert p99 < WL.slo_ttft_s, f"TTFT P99 {p99 * 1e3:.1f} ms"
-    assert ex.serving_rate(WL, 8) == pytest.approx(ex.serving_rate(WL, 16) / 2)
-    assert ex.serving_rate(WL, 0) == 0.0
+    assert steps.serving_rate(WL, 8) == pytest.approx(steps.serving_rate(WL, 16) / 2)
+    assert steps.serving_rate(WL, 0) == 0.0
 
 
 # ---- training steps and bad input ------------------------------------------------------------

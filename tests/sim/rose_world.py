@@ -13,7 +13,7 @@ import pytest
 
 import loom.sim.rollout.rose as rose_sim
 from loom.core.trajectory import TrajectorySpec, TurnSpec
-from loom.experiments import rose as ex
+from loom.experiments import rose_steps as steps
 from loom.perf.latency import RooflineLatencyModel
 from loom.perf.specs import model_spec
 from loom.rollout.rose.admission import AdmissionKind, Role, ServingSlo
@@ -27,8 +27,8 @@ from loom.sim.workloads.serving import ServingTrace, synthetic_day
 
 WL = ROSE_WORKLOADS["8b"]
 SLO = ServingSlo(ttft_s=WL.slo_ttft_s, tpot_s=WL.slo_tpot_s)
-ROLLOUT_LAT = RooflineLatencyModel(ex.GPU, WL.model, tp=1)
-SERVING_LAT = RooflineLatencyModel(ex.GPU, WL.serving_model, tp=1)
+ROLLOUT_LAT = RooflineLatencyModel(steps.GPU, WL.model, tp=1)
+SERVING_LAT = RooflineLatencyModel(steps.GPU, WL.serving_model, tp=1)
 
 
 def specs(n_groups: int = 1, step: int = 0) -> list[TrajectorySpec]:
@@ -65,7 +65,7 @@ def lent_slice(
 ) -> list[LentInstance]:
     """`n` lent TP1 instances, 1 prefiller : 3 decoders unless `roles` says otherwise, on the
     real H800 pool or on `pool_pages` (headroom a fifth of it unless given)."""
-    mem = ex._memory(WL.model, WL.serving_model, 1, lease_s)
+    mem = steps._memory(WL.model, WL.serving_model, 1, lease_s)
     if pool_pages is not None:
         head = pool_pages // 5 if headroom_pages is None else headroom_pages
         mem = replace(mem, pool_pages=pool_pages, headroom_pages=head)
@@ -102,8 +102,8 @@ def make_rollout(
         trajectories,
         router=ElasticRouter(routing, cap_per_gpu=cap),
         dedicated_tp=[1] * dedicated,
-        rollout_latency=lambda tp: RooflineLatencyModel(ex.GPU, WL.model, tp=tp),
-        serving_latency=lambda tp: RooflineLatencyModel(ex.GPU, WL.serving_model, tp=tp),
+        rollout_latency=lambda tp: RooflineLatencyModel(steps.GPU, WL.model, tp=tp),
+        serving_latency=lambda tp: RooflineLatencyModel(steps.GPU, WL.serving_model, tp=tp),
         rollout_kv_bytes=rm.kv_bytes_per_token,
         serving_kv_bytes=sm.kv_bytes_per_token,
         lent=lent,

@@ -28,13 +28,14 @@ from rose_world import (
 
 from loom.core.errors import ConfigError
 from loom.experiments import rose as ex
+from loom.experiments import rose_steps as steps
 from loom.rollout.rose.admission import AdmissionKind, Role, ServingSlo
 from loom.rollout.rose.memory import MemoryConfig
 from loom.sim.rollout.coserve import CoServeConfig, CoServingWorker, Resident, SwapConfig
 from loom.sim.rollout.rose import RoseRollout
 
 ONE_PREFILLER = [Role.PREFILL, Role.DECODE, Role.DECODE, Role.DECODE]
-CALIBRATED_RPS = ex.serving_rate(WL, 4)  # the lent slice's serving rate for 4 lent GPUs
+CALIBRATED_RPS = steps.serving_rate(WL, 4)  # the lent slice's serving rate for 4 lent GPUs
 
 
 def watch_memory(r: RoseRollout, seen: dict[str, int]) -> None:

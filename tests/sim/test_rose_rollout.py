@@ -28,14 +28,14 @@ from rose_world import (
 
 from loom.core.errors import ConfigError
 from loom.core.trajectory import TrajectorySpec, TrajectoryStatus
-from loom.experiments import rose as ex
+from loom.experiments import rose_steps as steps
 from loom.rollout.rose.admission import AdmissionKind, Role, ServingSlo
 from loom.rollout.rose.scheduler import RoutingKind
 from loom.sim.rollout.rose import RoseRolloutResult
 from loom.sim.rollout.state import TrajState
 from loom.sim.workloads.rose import prefill_tokens, train_tokens
 
-RPS = ex.serving_rate(WL, 4)  # the lent slice's serving rate for 4 lent GPUs
+RPS = steps.serving_rate(WL, 4)  # the lent slice's serving rate for 4 lent GPUs
 
 
 def assert_all_finished(res: RoseRolloutResult, trajs: Sequence[TrajectorySpec]) -> None:
@@ -77,7 +77,7 @@ def test_every_trajectory_finishes_with_its_output_tokens(
         lent=lent_slice(n_lent, admission=admission),
         dedicated=dedicated,
         routing=routing,
-        serving=short_day(ex.serving_rate(WL, n_lent), seed=seed),
+        serving=short_day(steps.serving_rate(WL, n_lent), seed=seed),
         cap=8,
     )
     if failure is not None:

@@ -180,12 +180,16 @@ def test_failed_and_hostile_copies_leave_both_engines_serving(pair) -> None:
         ({"tokens": context, "to": "http://example.com:80"}, "127.0.0.1"),
         ({"tokens": context, "to": "file:///etc/passwd"}, "127.0.0.1"),
         ({"tokens": context}, "to must be"),
+        ({"tokens": context, "to": b.url, "hold_s": 5}, "unknown fields 'hold_s'"),
     ):
         resp = httpx.post(send, json=body)
         assert resp.status_code == 400 and says in resp.json()["error"]["message"], resp.text
     assert httpx.post(send, content=b"{nope").status_code == 400
     recv = f"{b.url}/loom/kv/receive"
     assert httpx.post(recv, json={"tokens": context, "hold_s": "x"}).status_code == 400
+    evil = httpx.post(recv, json={"tokens": context, "hold_s": 5, "evil": 1})
+    assert evil.status_code == 400 and "'evil'" in evil.json()["error"]["message"]
+    assert httpx.post(f"{b.url}/loom/kv/commit", json={"id": 0, "x": 1}).status_code == 400
     assert httpx.post(recv, json={"tokens": [1] * 10**7, "hold_s": 5}).status_code == 507
     assert httpx.post(f"{b.url}/loom/kv/commit", json={"id": 10**9}).status_code == 404
     assert httpx.post(f"{b.url}/loom/kv/cancel", json={"id": True}).status_code == 400

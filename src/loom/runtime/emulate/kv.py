@@ -42,6 +42,9 @@ log = logging.getLogger("loom.emulate")
 
 HOLD_SLACK_S = 600.0  # emulated seconds a reservation outlives its copy's longest time
 CALL_TIMEOUT_S = 30.0  # wall seconds for each call to the receiver
+SEND_FIELDS = frozenset({"tokens", "to"})  # what each route's body may hold
+RECEIVE_FIELDS = frozenset({"tokens", "hold_s"})
+FINISH_FIELDS = frozenset({"id"})
 
 
 class KvRoutes:
@@ -79,7 +82,7 @@ class KvRoutes:
         """Send the KV cached here that begins with `tokens` to the engine at `to`."""
         server, core = self.server, self.server.core
         try:
-            body = await _body(request)
+            body = await _body(request, SEND_FIELDS)
             tokens = _tokens(body.get("tokens"))
             to = _loopback_url(body.get("to"))
         except InvalidRequest as exc:
@@ -117,7 +120,7 @@ class KvRoutes:
         """Take room for a copy of `tokens`' KV on its way here; 507 where none can be made."""
         server = self.server
         try:
-            body = await _body(request)
+            body = await _body(request, RECEIVE_FIELDS)
             tokens = _tokens(body.get("tokens"))
             hold = body.get("hold_s")
             if isinstance(hold, bool) or not isinstance(hold, (int, float)):
@@ -139,7 +142,7 @@ class KvRoutes:
     async def _finish(self, request: web.Request, *, commit: bool) -> web.Response:
         server = self.server
         try:
-            body = await _body(request)
+            body = await _body(request, FINISH_FIELDS)
             cid = body.get("id")
             if isinstance(cid, bool) or not isinstance(cid, int):
                 raise InvalidRequest(f"id must be the integer /loom/kv/receive gave, got {cid!r}")

@@ -27,12 +27,18 @@ def json_response(value: Any) -> web.Response:
     return web.Response(body=orjson.dumps(value), content_type="application/json")
 
 
-async def read_body(request: web.Request) -> dict[str, Any]:
-    """The request's JSON object; InvalidRequest saying what is wrong with it otherwise."""
+async def read_body(request: web.Request, fields: frozenset[str] | None = None) -> dict[str, Any]:
+    """The request's JSON object; InvalidRequest saying what is wrong with it otherwise. With
+    `fields`, the route honours those only, and any other is refused by name."""
     try:
         body = orjson.loads(await request.read())
     except orjson.JSONDecodeError as exc:
         raise InvalidRequest(f"the body is not JSON: {exc}") from None
     if not isinstance(body, dict):
         raise InvalidRequest("the body must be a JSON object")
+    if fields is not None and not body.keys() <= fields:
+        unknown = ", ".join(sorted(map(repr, body.keys() - fields)))
+        raise InvalidRequest(
+            f"unknown fields {unknown}; this route takes {', '.join(sorted(fields))}"
+        )
     return body

@@ -53,11 +53,12 @@ class MoveRule:
         there = self.prefill_s(dst, seq, t.prefix.get(dst.idx, 0))
         return there - self.prefill_s(src, seq, t.prefix.get(src.idx, 0))
 
-    def step_s(self, e: EngineState, context: int) -> float | None:
-        """A decode step of `e`'s with one more sequence of `context` tokens among its
-        running turns (None where it has no latency model)."""
+    def _steps_s(self, e: EngineState, context: int) -> tuple[float | None, float | None]:
+        """A decode step of `e`'s running turns with one more sequence of `context` tokens
+        among them, and without it (None where it has no latency model)."""
         held = sum(len(r.prompt) + len(r.generated) for r in e.running.values())
-        return decode_step_s(self.latency(e.tp), len(e.running) + 1, held + context)
+        model, n = self.latency(e.tp), len(e.running)
+        return decode_step_s(model, n + 1, held + context), decode_step_s(model, n, held)
 
     def slot_wait(self, e: EngineState) -> float:
         """Seconds a turn placed at `e` now would wait for a slot there."""
@@ -75,24 +76,15 @@ class MoveRule:
         wait = slot_wait_s(len(src.running), src.pace.turn_s, ahead)
         return wait > self.extra_prefill_s(turn.traj, seq, src, dst)
 
-    def step_without_s(self, e: EngineState) -> float | None:
-        """A decode step of `e`'s running turns alone."""
-        held = sum(len(r.prompt) + len(r.generated) for r in e.running.values())
-        return decode_step_s(self.latency(e.tp), len(e.running), held)
-
-    def others_s(self, remaining: float, src: EngineState, dst: EngineState, seq: int) -> float:
-        """What running a trajectory of `seq` tokens at `dst` rather than `src` costs the
-        other turns running at both, over its `remaining` tokens: each of `dst`'s takes a
-        step with it among them, each of `src`'s one without (negative where they gain)."""
-        if not (math.isfinite(remaining) and remaining > 0):
-            return 0.0
-        cost = 0.0
-        for e, sign in ((dst, 1.0), (src, -1.0)):
-            with_it, without = self.step_s(e, seq), self.step_without_s(e)
-            if with_it is None or without is None:
-                return 0.0
-            cost += sign * len(e.running) * (with_it - without)
-        return remaining * cost
+    @staticmethod
+    def _others_s(
+        remaining: float, running: int, with_it: float | None, without: float | None
+    ) -> float:
+        """What one more sequence among an engine's `running` turns costs them over its
+        `remaining` tokens: each takes the step `with_it` instead of `without`."""
+        if with_it is None or without is None:
+            return math.nan
+        return remaining * running * (with_it - without)
 
     def migration_pays(
         self, t: Trajectory, src: EngineState, dst: EngineState, tool_left_s: float = 0.0
@@ -108,8 +100,15 @@ class MoveRule:
         else:
             cost = self.extra_prefill_s(t, seq, src, dst)
         remaining = float(t.predicted_total) - t.generated
-        gain = pace_gain_s(remaining, self.step_s(src, seq), self.step_s(dst, seq))
-        cost += self.others_s(remaining, src, dst, seq)
+        src_with, src_without = self._steps_s(src, seq)
+        dst_with, dst_without = self._steps_s(dst, seq)
+        gain = pace_gain_s(remaining, src_with, dst_with)
+        if math.isfinite(remaining) and remaining > 0:
+            # the other turns at both: each of dst's takes a step with it among them, each
+            # of src's one without (negative where they gain); nothing where a model is missing
+            others = self._others_s(remaining, len(dst.running), dst_with, dst_without)
+            others -= self._others_s(remaining, len(src.running), src_with, src_without)
+            cost += 0.0 if math.isnan(others) else others
         return move_pays(cost, self.slot_wait(src), self.slot_wait(dst), gain)
 
     def preemption_pays(self, e: EngineState, victim: Turn) -> bool:

@@ -428,8 +428,8 @@ class RoseRollout:
         """One point of the step's timeline; the next while trajectories are alive."""
         if self._done:
             return
-        dedicated = sum(w.load for w in self.workers if w not in self.lent)
         lent = sum(w.load for w in self.lent)
+        dedicated = sum(w.load for w in self.workers) - lent  # the elastic ones count here
         self._timeline.append(
             (self.eng.now - self.t0, self._active, self.router.queued, dedicated, lent)
         )
