@@ -187,17 +187,20 @@ def test_the_router_learns_the_room_from_a_queue_the_engine_reports(rig) -> None
 
 def test_a_waiting_turn_goes_to_whichever_engine_frees_first(rig) -> None:
     r: Rig = rig(2, step_ms=5, max_running=1, placement="least_load", scheduler="fcfs")
-    long, seen_long = _background(r, "long", [1, 1], 400)
+    # the short turn runs a second after the late one is sent (a loaded machine must not let
+    # it finish first, or the late turn finds a free engine and never waits); the long one
+    # runs until the test aborts it
+    long, seen_long = _background(r, "long", [1, 1], 4000)
     assert seen_long.wait(30)
-    short, seen_short = _background(r, "short", [2, 2], 40)
+    short, seen_short = _background(r, "short", [2, 2], 200)
     assert seen_short.wait(30)
     engine_of = {
         q["input_ids"][0]: i for i, e in enumerate(r.engines) for q in e.get("/debug/requests")
     }
-    # both engines busy: the next turn waits at the least loaded by index, e0
+    # both engines busy: the next turn waits in the router (each engine runs one)
     late = _background(r, "late", [3, 3], 5)
-    _until(r, lambda s: s["held"] + sum(e["waiting"] for e in s["engines"].values()) == 1)
     late[0].join(60)  # it ran on the engine that freed first, the short turn's
+    assert r.stats()["timing"]["longest_wait_s"] > 0.1, r.stats()  # and it waited for it
     where = [
         i
         for i, e in enumerate(r.engines)
