@@ -25,6 +25,11 @@ class KvLinks:
     kv_bytes_per_token: int
     nvlink_gbs: float
     network_gbs: float = INTER_NODE_GBS
+    store: str | None = None
+    """Where a move goes through a store shared by the engines (vLLM with Loom's connector:
+    `loom.runtime.engine.kv_connector`), the store's name; `nvlink_gbs` is then its rate on
+    one node and the engines that reach each other are those of one store. None: the engine
+    copies to another directly (the emulated engines)."""
 
     def __post_init__(self) -> None:
         if self.node < 0 or self.kv_bytes_per_token < 1:
@@ -44,6 +49,11 @@ class KvLinks:
             nvlink_gbs=gpu_spec(gpu).nvlink_gbs,
             network_gbs=network_gbs,
         )
+
+    def reaches(self, other: KvLinks) -> bool:
+        """Whether KV moves from this worker to `other`: both copy directly, or both share
+        one store."""
+        return self.store == other.store
 
     def link(self, other: KvLinks) -> Link:
         """The path from this worker to `other`: NVLink on one node, else the slower NIC."""

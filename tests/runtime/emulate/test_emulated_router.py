@@ -12,9 +12,9 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from across import Across
 from emulated_batch import reference
 
-from loom.rollout.policy import Router
 from loom.runtime.emulate import EmulatedProcess
 from loom.runtime.rollout import BackgroundRouter, EngineConfig, RolloutServerConfig
 from loom.runtime.rollout.driver import RolloutDriver
@@ -136,23 +136,6 @@ def test_an_abort_through_the_router_returns_what_was_generated(engines) -> None
         time.sleep(0.02)
 
 
-class _Across(Router):
-    """Each trajectory's next turn goes to the engine its last turn did not run on."""
-
-    def __init__(self) -> None:
-        self.home: dict[int, int] = {}
-
-    def route(self, t, workers, now):  # type: ignore[no-untyped-def]
-        return self.home.setdefault(t.traj_id, workers[0].idx)
-
-    def migrate(self, t, workers, now):  # type: ignore[no-untyped-def]
-        other = next((w.idx for w in workers if w.idx != t.host), None)
-        if t.host < 0 or other is None:
-            return None
-        self.home[t.traj_id] = other
-        return other
-
-
 @pytest.mark.parametrize("move_kv", [True, False])
 def test_a_moved_trajectory_finds_its_context_cached_where_it_moved(engines, move_kv) -> None:
     """Every tool call moves the trajectory to the other engine: with its KV copied there
@@ -169,7 +152,7 @@ def test_a_moved_trajectory_finds_its_context_cached_where_it_moved(engines, mov
     ctx = [1 + (i * 37 + base) % 5000 for i in range(base)]
     lengths = []
     with (
-        BackgroundRouter(cfg, RolloutDriver(cfg, router=_Across())) as r,
+        BackgroundRouter(cfg, RolloutDriver(cfg, router=Across())) as r,
         httpx.Client(base_url=r.url, timeout=300) as http,
     ):
         for step in range(3):

@@ -48,6 +48,7 @@ SETTINGS = Layering(
         "cpus": Flag(),
         "model": Flag(),
         "weight_sync": Flag(shown=None),
+        "kv_store": Flag(shown=None),
         "token": ACCESS["token"],
         "allow_open": ACCESS["allow_open"],
     },
@@ -128,6 +129,14 @@ def serve_engine(
             "--weight-sync", help="load new weights from the relay without a restart (sync_weights)"
         ),
     ] = False,
+    kv_store: Annotated[
+        Path | None,
+        typer.Option(
+            "--kv-store",
+            help="move trajectories' KV through this folder, shared with the engines it moves "
+            "to (Loom's KV connector; a tmpfs on one host)",
+        ),
+    ] = None,
     config: ConfigOption = None,
     token: TokenOption = None,
     allow_open: AllowOpenOption = False,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import importlib.util
+import json
 import logging
 import os
 import re
@@ -182,8 +183,19 @@ class EngineConfig:
         },
     )
 
+    kv_store: Path | None = field(
+        default=None,
+        metadata={
+            "help": "move trajectories' KV through this folder, shared with the engines it "
+            "moves to (Loom's KV connector: loom.runtime.engine.kv_connector)"
+        },
+    )
+    kv_store_bytes: int = field(
+        default=4 << 30, metadata={"help": "most bytes of KV the store keeps (oldest go first)"}
+    )
+
     def __post_init__(self) -> None:
-        for name in ("state_dir", "model", "log_path"):  # accept str paths
+        for name in ("state_dir", "model", "log_path", "kv_store"):  # accept str paths
             value = getattr(self, name)
             if value is not None and not isinstance(value, Path):
                 object.__setattr__(self, name, Path(value))
@@ -208,6 +220,8 @@ class EngineConfig:
             raise ConfigError(f"devices must be GPU ids such as '0' or '0,1', got {self.devices!r}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ConfigError(f"max_model_len must be >= 1, got {self.max_model_len}")
+        if self.kv_store_bytes < 1:
+            raise ConfigError(f"kv_store_bytes must be >= 1, got {self.kv_store_bytes}")
         if self.startup_timeout_s <= 0:
             raise ConfigError(f"startup_timeout_s must be > 0, got {self.startup_timeout_s}")
         if self.token is not None and len(self.token) < 16:
@@ -267,7 +281,27 @@ class EngineConfig:
             cmd += ["--api-key", self.token]
         if self.weight_sync:  # its routes (/collective_rpc) need the dev mode set below
             cmd += ["--worker-extension-cls", "loom.runtime.engine.weight_sync.WeightSync"]
+        if self.kv_store is not None:
+            cmd += ["--kv-transfer-config", json.dumps(self.kv_transfer_config(model))]
         return cmd + list(self.extra_args)
+
+    def kv_transfer_config(self, model: Path) -> dict[str, Any]:
+        """vLLM's `--kv-transfer-config` for Loom's connector over `kv_store`: loads that
+        fail are recomputed (never fatal), both saves and loads on every engine; what the
+        router weighs a move by (the model's KV bytes per token) rides along."""
+        assert self.kv_store is not None
+        extra = {"kv_bytes_per_token": kv_bytes_per_token(model, self.resolved_device)}
+        return {
+            "kv_connector": "LoomKVConnector",
+            "kv_connector_module_path": "loom.runtime.engine.kv_connector",
+            "kv_role": "kv_both",
+            "kv_load_failure_policy": "recompute",
+            "kv_connector_extra_config": {
+                "path": str(self.kv_store.expanduser().absolute()),
+                "max_bytes": self.kv_store_bytes,
+                **extra,
+            },
+        }
 
     def environment(self) -> dict[str, str]:
         """The child's environment: dev-mode routes on (`/abort_requests`, `/collective_rpc`),
@@ -284,6 +318,22 @@ class EngineConfig:
             "TOKENIZERS_PARALLELISM": "false",
             **_DEVICES[self.resolved_device].environment(self),
         }
+
+
+def kv_bytes_per_token(model: Path, device: EngineDevice) -> int:
+    """Bytes of KV a token of `model` (a Hugging Face directory) holds: keys and values of
+    every layer, in float32 on the CPU build, else in the model's dtype."""
+    try:
+        cfg = json.loads((model / "config.json").read_text())
+        cfg = cfg.get("text_config", cfg)
+        layers = int(cfg["num_hidden_layers"])
+        heads = int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
+        head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"{model}/config.json does not say the model's KV shape: {exc}") from exc
+    dtype = "float32" if device is EngineDevice.CPU else str(cfg.get("torch_dtype", "bfloat16"))
+    width = 4 if dtype == "float32" else 2
+    return layers * 2 * heads * head_dim * width
 
 
 class _CpuBuild:

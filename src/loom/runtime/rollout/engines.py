@@ -34,6 +34,8 @@ request's `priority`: vLLM runs lower values first, SGLang higher ones (unless s
 from __future__ import annotations
 
 import json
+import logging
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,6 +77,11 @@ __all__ = [
 _loads = orjson.loads
 _dumps = orjson.dumps
 _JSON = {"Content-Type": "application/json"}
+log = logging.getLogger("loom.rollout")
+
+STORE_GBS = 0.2
+"""GB/s a KV store moves at where its engines do not say: a save of 48 MB took 0.24 s, its
+decode step included, on tmpfs with vLLM's CPU build (`benchmarks/bench_vllm_kv_move.py`)."""
 NO_LOGPROBS = LogprobSpec()
 
 
@@ -405,6 +412,7 @@ def _vllm_prompt_logprobs(prompt: Sequence[int], rows: Sequence[Any]) -> list[Pr
 class VllmEngine(EngineClient):
     def __post_init__(self) -> None:
         self.kind = EngineKind.VLLM
+        self.kv_store: str | None = None  # the store its KV moves through (`kv_links`)
 
     async def probe(self) -> ModelInfo:
         data = await self._get_json("/v1/models")
@@ -516,19 +524,64 @@ class VllmEngine(EngineClient):
         await self._post_quietly("/abort_requests", {"request_ids": [f"cmpl-{rid}-0"]})
 
     async def kv_links(self) -> KvLinks | None:
-        """Loom's emulated engines say it at `/loom/kv`; vLLM has no such route."""
+        """Loom's emulated engines say it at `/loom/kv`; a vLLM engine with Loom's KV
+        connector (`loom.runtime.engine.kv_connector`) in its configuration, which dev mode
+        serves at `/server_info`, moves KV through its store."""
         try:
             data = await self._get_json("/loom/kv")
+            self.kv_store = None
             return KvLinks(**data["links"])
         except (EngineError, EngineRejected, KeyError, TypeError, ConfigError):
+            pass
+        try:
+            info = await self._get_json("/server_info?config_format=json")
+            transfer = info["vllm_config"]["kv_transfer_config"] or {}
+        except (EngineError, EngineRejected, KeyError, TypeError):
             return None
+        if transfer.get("kv_connector") != "LoomKVConnector":
+            return None
+        extra = transfer.get("kv_connector_extra_config") or {}
+        try:
+            links = KvLinks(
+                node=int(extra.get("node", 0)),
+                kv_bytes_per_token=int(extra["kv_bytes_per_token"]),
+                nvlink_gbs=float(extra.get("store_gbs", STORE_GBS)),
+                network_gbs=float(extra.get("store_gbs", STORE_GBS)),
+                store=str(extra["path"]),
+            )
+        except (KeyError, TypeError, ValueError, ConfigError) as exc:
+            log.warning("%s: Loom's KV connector without what the router needs (%s)", self.url, exc)
+            return None
+        self.kv_store = links.store
+        return links
 
     async def send_kv(self, tokens: list[int], to: str) -> tuple[int, float]:
+        if self.kv_store is not None:
+            return await self._save_kv(tokens)
         data = await self._post_json("/loom/kv/send", {"tokens": tokens, "to": to})
         try:
             return int(data["tokens"]), float(data["seconds"])
         except (KeyError, TypeError, ValueError) as exc:
             raise EngineError(f"{self.url}/loom/kv/send answered {str(data)[:200]}") from exc
+
+    async def _save_kv(self, tokens: list[int]) -> tuple[int, float]:
+        """Into the store the engines share: one token generated over `tokens` (a hit in
+        the engine's prefix cache) with `loom_save`, so that its connector writes their full
+        blocks; the engine they move to loads them with its next turn's prefill."""
+        body = {
+            "model": self.model,
+            "prompt": tokens,
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "kv_transfer_params": {"loom_save": True},
+        }
+        start = time.monotonic()
+        data = await self._post_json("/v1/completions", body)
+        seconds = time.monotonic() - start
+        try:
+            return int(data["kv_transfer_params"]["loom_saved_tokens"]), seconds
+        except (KeyError, TypeError, ValueError) as exc:
+            raise EngineError(f"{self.url}: the save answered {str(data)[:200]}") from exc
 
     async def load(self) -> EngineLoad:
         return vllm_load(await self._get("/metrics"), self.model)

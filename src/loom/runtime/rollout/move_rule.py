@@ -34,6 +34,7 @@ class MoveRule:
             self.move_kv
             and src.kv is not None
             and dst.kv is not None
+            and src.kv.reaches(dst.kv)
             and not t.active
             and t.prefix.get(src.idx, 0) > 0
         )

@@ -80,6 +80,9 @@ def engine_view(e: EngineState) -> dict[str, Any]:
         "failed_turns": e.failed_turns,
         "tokens": e.tokens,
         "lent": e.lent,
+        # how its KV moves: "direct" (an emulated engine's copy), a shared store's path
+        # (vLLM with Loom's connector), or None (it moves none: a move prefills again)
+        "kv": None if e.kv is None else (e.kv.store or "direct"),
         "version": e.version,
         "free_tokens": e.free_tokens,
         "slack_s": e.reported_slack_s if math.isfinite(e.reported_slack_s) else None,
