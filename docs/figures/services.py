@@ -18,6 +18,7 @@ from figures.core import (
     pct,
     result,
     span,
+    table,
 )
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "codec_throughput",
     "cores",
     "grpo_measured",
+    "kv_moves",
     "relay_throughput",
     "state_manager_cpu",
     "tangram_decision",
@@ -208,6 +210,27 @@ def weight_sync(name: str) -> None:
         {rows[0]["steps"]} steps, on {cores(name)}): {"; ".join(one(s) for s in rows)}. In
         fp32, Adam changes {shares} of the weights each step (bf16 weights keep more of their bits
         from step to step; the codec carries both). From {cite(name)}."""
+    )
+
+
+def kv_moves(name: str) -> None:
+    """The next turn after a move between two vLLM engines, its context loaded through Loom's
+    KV connector against prefilled again (`bench_vllm_kv_move.py`), per model and length."""
+    rows = result(name).where(record="move")
+    if not rows:
+        raise StoredResultError(f"{name}: no move records")
+    para(
+        f"""Medians of {rows[0]["repeats"]} runs on {cores(name)}, each way in turn; seconds.
+        From {cite(name)}."""
+    )
+    table(
+        ["model", "context (tokens)", "KV moved", "save", "next turn, loaded",
+         "next turn, prefilled again", "speedup"],
+        [
+            [r["model"], intx(r["context"]), _mb(r["kv_bytes"]), f2(r["save_s"]),
+             f2(r["loaded_s"]), f2(r["again_s"]), f"{r['speedup']:.2f}x"]
+            for r in rows
+        ],
     )
 
 

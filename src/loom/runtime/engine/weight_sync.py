@@ -14,7 +14,8 @@ A sync (`sync_engine`): `POST /collective_rpc {"method": "loom_update_weights", 
 (`WeightFollower`: the deltas after the version it holds, or a dense version first) and loads
 them with `reload_weights` (vLLM's in-place reload: every layer's weights in the checkpoint's
 names, then its post-load processing, e.g. the CPU's prepacked GEMM weights); then `POST
-/reset_prefix_cache`, so that no KV computed under the old weights is reused. An engine may
+/reset_prefix_cache?reset_external=true`, so that no KV computed under the old weights is
+reused, in the engine's prefix cache or in a KV connector's store. An engine may
 serve several jobs' models in turn: each job's weights stay in host memory, at the version it
 last loaded (RollMux's warm start), and a switch loads the whole of the other's.
 """
@@ -208,10 +209,12 @@ def sync_engine(
 
 
 def _reset_prefix_cache(http: httpx.Client, url: str, *, deadline: float) -> None:
-    """The engine's prefix cache emptied (it refuses while requests hold blocks: retried)."""
+    """The engine's prefix cache emptied (it refuses while requests hold blocks: retried),
+    and its KV connector's too (`reset_external`: Loom's moves to a new generation of its
+    store, so that no block saved under the old weights loads)."""
     wait = 0.05
     while True:
-        resp = http.post("/reset_prefix_cache")
+        resp = http.post("/reset_prefix_cache", params={"reset_external": "true"})
         if resp.is_error:
             raise RuntimeError(f"engine {url} did not reset its prefix cache: {resp.text}")
         if resp.json().get("success"):
