@@ -224,11 +224,25 @@ def kv_moves(name: str) -> None:
         From {cite(name)}."""
     )
     table(
-        ["model", "context (tokens)", "KV moved", "save", "next turn, loaded",
-         "next turn, prefilled again", "speedup"],
         [
-            [r["model"], intx(r["context"]), _mb(r["kv_bytes"]), f2(r["save_s"]),
-             f2(r["loaded_s"]), f2(r["again_s"]), f"{r['speedup']:.2f}x"]
+            "model",
+            "context (tokens)",
+            "KV moved",
+            "save",
+            "next turn, loaded",
+            "next turn, prefilled again",
+            "speedup",
+        ],
+        [
+            [
+                r["model"],
+                intx(r["context"]),
+                _mb(r["kv_bytes"]),
+                f2(r["save_s"]),
+                f2(r["loaded_s"]),
+                f2(r["again_s"]),
+                f"{r['speedup']:.2f}x",
+            ]
             for r in rows
         ],
     )
