@@ -18,9 +18,9 @@ from loom.core.errors import ConfigError
 from loom.core.topology import GpuType
 from loom.core.trajectory import TrajectorySpec
 from loom.perf.latency import RooflineLatencyModel
-from loom.perf.specs import gpu_spec, model_spec
+from loom.perf.specs import model_spec
 from loom.rollout.rose.admission import AdmissionKind, Role, ServingSlo
-from loom.rollout.rose.memory import PAGE_BYTES, MemoryConfig, MemorySharing
+from loom.rollout.rose.memory import MemoryConfig, MemorySharing, lent_memory
 from loom.rollout.rose.scheduler import ROSE_ROUTERS, RoutingKind
 from loom.rollout.rose.selection import ACTIVATION_S
 from loom.sim.rollout.coserve import CoServeConfig, SwapConfig
@@ -51,8 +51,6 @@ __all__ = ["Algo", "RoseSystem", "TrainRun", "train"]
 
 GPU = GpuType.H800  # §6: H800 clusters
 PREFILL_EVERY = 4  # §6: prefill-to-decoding instance ratio 1:3
-HEADROOM_FRACTION = 0.2  # §4.1: H, e.g. 20% of GPU memory
-MEMORY_FRACTION = 0.9  # of HBM for weights + KV (the engines' usual gpu_memory_utilization)
 
 
 class Algo(StrEnum):
@@ -119,18 +117,8 @@ class TrainRun:
 
 # ---- the cluster --------------------------------------------------------------------------
 def _memory(rollout_model: str, serving_model: str, tp: int, lease_s: float) -> MemoryConfig:
-    """P: a lent GPU's pages after both models' weight shards; H: 20% of its memory."""
-    g = gpu_spec(GPU)
-    hbm = g.hbm_gb * 1e9
-    weights = (model_spec(rollout_model).weight_bytes + model_spec(serving_model).weight_bytes) / tp
-    pool = int((hbm * MEMORY_FRACTION - weights) // PAGE_BYTES)
-    if pool <= 0:
-        raise ConfigError(f"{rollout_model} and {serving_model} do not fit on TP{tp} of {GPU}")
-    return MemoryConfig(
-        pool_pages=pool,
-        headroom_pages=int(HEADROOM_FRACTION * hbm // PAGE_BYTES),
-        lease_s=lease_s,
-    )
+    """A lent instance's memory on the experiments' H800s (`lent_memory`)."""
+    return lent_memory(GPU, rollout_model, serving_model, tp, lease_s)
 
 
 def load_s(model: str, tp: int) -> float:

@@ -24,9 +24,20 @@ from dataclasses import dataclass, field
 
 from loom.core.errors import ConfigError
 
-__all__ = ["PAGE_BYTES", "Cut", "MemoryConfig", "MemorySharing", "pages_for"]
+__all__ = [
+    "HEADROOM_FRACTION",
+    "MEMORY_FRACTION",
+    "PAGE_BYTES",
+    "Cut",
+    "MemoryConfig",
+    "MemorySharing",
+    "lent_memory",
+    "pages_for",
+]
 
 PAGE_BYTES = 2 * 1024**2  # §4.1: physical pages of 2 MB
+HEADROOM_FRACTION = 0.2  # §4.1: H, e.g. 20% of GPU memory
+MEMORY_FRACTION = 0.9  # of HBM for weights + KV (the engines' usual gpu_memory_utilization)
 
 
 def pages_for(tokens: int, kv_bytes_per_token: int) -> int:
@@ -268,3 +279,22 @@ class MemorySharing:
         start = now - self.cfg.peak_window_s
         while len(self._samples) > 1 and self._samples[1][0] <= start:
             self._samples.popleft()
+
+
+def lent_memory(
+    gpu: str, rollout_model: str, serving_model: str, tp: int, lease_s: float
+) -> MemoryConfig:
+    """A lent TP-`tp` instance of `gpu`s: P, its pages after both models' weight shards; H,
+    20% of a GPU's memory; prefixes leased for `lease_s`."""
+    from loom.perf.specs import gpu_spec, model_spec
+
+    hbm = gpu_spec(gpu).hbm_gb * 1e9
+    weights = (model_spec(rollout_model).weight_bytes + model_spec(serving_model).weight_bytes) / tp
+    pool = int((hbm * MEMORY_FRACTION - weights) // PAGE_BYTES)
+    if pool <= 0:
+        raise ConfigError(f"{rollout_model} and {serving_model} do not fit on TP{tp} of {gpu}")
+    return MemoryConfig(
+        pool_pages=pool,
+        headroom_pages=int(HEADROOM_FRACTION * hbm // PAGE_BYTES),
+        lease_s=lease_s,
+    )

@@ -100,20 +100,7 @@ class EmulatedEngine:
         self.eng = clock
         self.queue = EngineQueue(policy=config.scheduling_policy)
         self.latency = latency or config.latency()
-        self.worker = Worker(
-            idx=0,
-            tp=config.spec.tp,
-            node=0,
-            latency=self.latency,
-            scheduler=self.queue,
-            engine=clock,
-            max_running=config.max_running,
-            chunk_tokens=config.chunk_tokens,
-            decode_reserve=config.decode_reserve,
-            on_turn_done=self._turn_done,
-            on_admit=self._admitted,
-            requeue_in_place=True,
-        )
+        self.worker = self._worker()
         self.capacity = self.worker.capacity
         self.max_model_len = config.max_model_len or self.capacity
         self.live: dict[int, Request] = {}  # by worker trajectory id
@@ -134,6 +121,23 @@ class EmulatedEngine:
         self._sending: dict[int, int] = {}  # cached contexts a copy reads now -> copies
         self._incoming: dict[int, tuple[list[int], Any]] = {}  # reserved -> tokens, expiry
         self.kv = {"sent": 0, "sent_tokens": 0, "received": 0, "received_tokens": 0, "expired": 0}
+
+    def _worker(self) -> Worker:
+        """The simulator's worker this engine runs (a co-serving engine runs another)."""
+        return Worker(
+            idx=0,
+            tp=self.cfg.spec.tp,
+            node=0,
+            latency=self.latency,
+            scheduler=self.queue,
+            engine=self.eng,
+            max_running=self.cfg.max_running,
+            chunk_tokens=self.cfg.chunk_tokens,
+            decode_reserve=self.cfg.decode_reserve,
+            on_turn_done=self._turn_done,
+            on_admit=self._admitted,
+            requeue_in_place=True,
+        )
 
     # ---- requests ------------------------------------------------------------------------
     def check(self, prompt: list[int], max_tokens: int, priority: int) -> None:

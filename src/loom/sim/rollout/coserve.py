@@ -46,7 +46,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from loom.core.errors import ConfigError
 from loom.rollout.rose.admission import (
@@ -200,7 +200,11 @@ class CoServingWorker(Worker):
         on_abort: Callable[[TrajState, CoServingWorker, str], None],
         on_prefilled: Callable[[ServingRequest, CoServingWorker], None] | None = None,
         on_capacity: Callable[[CoServingWorker], None] | None = None,
+        on_served: Callable[[ServingRequest, CoServingWorker], None] | None = None,
+        **worker: Any,
     ) -> None:
+        """`on_served`: a serving request's last token is out (a decoder's). `worker`: more
+        of `Worker`'s settings (the emulated engine's `on_admit`, `requeue_in_place`)."""
         super().__init__(
             idx=idx,
             tp=tp,
@@ -212,7 +216,9 @@ class CoServingWorker(Worker):
             chunk_tokens=config.rollout_chunk,
             decode_reserve=0,
             on_turn_done=on_turn_done,
+            **worker,
         )
+        self._on_served = on_served
         self.cfg = config
         self.mem = memory
         self.slat = serving_latency
@@ -476,6 +482,8 @@ class CoServingWorker(Worker):
         req.finish_s = self.eng.now
         if req.output > 1:
             self.stats.tpot.append((req.finish_s - req.first_token_s) / (req.output - 1))
+        if self._on_served is not None:
+            self._on_served(req, self)
 
     def _arm_serving(self) -> None:
         if self._s_event is not None:
