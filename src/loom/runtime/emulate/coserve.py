@@ -94,8 +94,8 @@ class CoServingEngine(EmulatedEngine):
         self._listeners: dict[int, Callable[[ServingRequest], None]] = {}
         self.serving_counts = {"served": 0, "reclaimed": 0, "stalled": 0}
         super().__init__(config, clock, latency)
-        self.worker.set_version(0)  # the rollout's weights are here from the start
-        self.worker.begin_step(0)
+        self.coworker.set_version(0)  # the rollout's weights are here from the start
+        self.coworker.begin_step(0)
 
     @property
     def coworker(self) -> CoServingWorker:
