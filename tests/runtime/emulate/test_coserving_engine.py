@@ -1,12 +1,16 @@
 """The emulated lent serving instance (ROSE §4.1) is the simulator's co-serving worker, not a
 copy: on one trace of serving requests and rollout turns, its serving TTFTs and TPOTs and its
 rollout turns' ends equal those of `CoServingWorker` driven alone, for a prefiller and a
-decoder; serving keeps its SLO while rollout turns run beside it; settings are checked."""
+decoder; serving keeps its SLO while rollout turns run beside it; settings are checked; and
+served over HTTP (`python -m loom.runtime.emulate SPEC --coserve MODEL --role ROLE`), it
+answers both models' requests, the RL step, and what serving saw."""
 
 from __future__ import annotations
 
 import random
+from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import pytest
 
 from loom.core.errors import ConfigError, InvalidRequest
@@ -16,8 +20,9 @@ from loom.perf.specs import model_spec
 from loom.rollout.engine_queue import EngineQueue, EngineSchedulingPolicy
 from loom.rollout.rose.admission import Role, ServingSlo
 from loom.rollout.rose.memory import MemorySharing, lent_memory
-from loom.runtime.emulate.config import EmulatedEngineConfig, EmulationSpec
-from loom.runtime.emulate.coserve import CoServeSettings, CoServingEngine
+from loom.runtime.emulate import EmulatedProcess
+from loom.runtime.emulate.config import CoServeSettings, EmulatedEngineConfig, EmulationSpec
+from loom.runtime.emulate.coserve import CoServingEngine
 from loom.sim.engine import Engine
 from loom.sim.rollout.coserve import CoServeConfig, CoServingWorker, ServingRequest
 from loom.sim.rollout.state import TrajState
@@ -163,3 +168,48 @@ def test_co_serving_settings_and_requests_are_checked() -> None:
     engine = CoServingEngine(cfg, Engine(), CoServeSettings(serving_model=SERVING))
     with pytest.raises(InvalidRequest, match=">= 1 token"):
         engine.serve(0, 10)
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_a_lent_engine_serves_both_models_over_http(role: str) -> None:
+    with (
+        EmulatedProcess(SPEC, "--coserve", SERVING, "--role", role, "--time-scale", "0.05") as e,
+        httpx.Client(base_url=e.url, timeout=120) as http,
+    ):
+        assert [m["id"] for m in http.get("/v1/models").json()["data"]] == ["qwen3-8b", SERVING]
+
+        def serving(i: int) -> dict:
+            body = {"model": SERVING, "prompt": [5 + i] * 800, "max_tokens": 40}
+            resp = http.post("/v1/completions", json=body)
+            assert resp.status_code == 200, resp.text
+            return resp.json()
+
+        def rollout(i: int) -> dict:
+            body = {"prompt": [9 + i] * 3000, "max_tokens": 200, "ignore_eos": True}
+            resp = http.post("/v1/completions", json=body)
+            assert resp.status_code == 200, resp.text
+            return resp.json()
+
+        with ThreadPoolExecutor(12) as pool:
+            rolls = [pool.submit(rollout, i) for i in range(4)]
+            serves = [pool.submit(serving, i) for i in range(8)]
+            served = [f.result()["loom_serving"] for f in serves]
+            turns = [f.result() for f in rolls]
+        assert all(t["usage"]["completion_tokens"] == 200 for t in turns)
+        assert {s["role"] for s in served} == {role}
+        key, slo = ("ttft_s", 0.5) if role == "prefill" else ("tpot_s", 0.15)
+        assert all(0 < s[key] <= slo for s in served)  # the SLO of its role, kept
+        stats = http.get("/loom/coserve").json()
+        assert stats["served"] == stats["ended"] == 8 and stats["slo_attainment"] == 1.0
+        assert stats["role"] == role and stats["reclaimed"] == 0
+        assert http.post("/loom/coserve/step", json={"step": 1}).json() == {"step": 1}
+        for bad, what in (
+            ({"model": SERVING, "prompt": [1], "max_tokens": 0}, "max_tokens"),
+            ({"model": SERVING, "prompt": [1], "stream": True}, "cannot stream"),
+            ({"model": SERVING, "prompt": [1], "logprobs": 1}, "logprobs"),
+            ({"model": SERVING, "prompt": {}}, "prompt must be"),
+        ):
+            resp = http.post("/v1/completions", json=bad)
+            assert resp.status_code == 400 and what in resp.text, resp.text
+        for bad in ({"step": -1}, {"step": 1, "extra": 2}, {"step": True}):
+            assert http.post("/loom/coserve/step", json=bad).status_code == 400

@@ -58,6 +58,9 @@ def test_loom_serve_engine_emulate_serves_and_stops_on_sigterm() -> None:
         (["--emulate", "qwen3-14b@h100", "--scheduling-policy", "lifo"], "lifo"),
         (["--emulate", "qwen3-14b@h100", "--host", "0.0.0.0"], "loopback only"),
         (["--emulate", "qwen3-14b@h100", "--token", "s3cret"], "not supported with --emulate"),
+        (["--emulate", "qwen3-8b@h800", "--coserve", "nope"], "unknown model 'nope'"),
+        (["--emulate", "qwen3-8b@h800", "--role", "prefill"], "it needs --coserve"),
+        (["--emulate", "qwen3-8b@h800", "--coserve", "qwen2.5-7b", "--role", "x"], "'x'"),
     ],
 )
 def test_a_bad_emulation_is_refused_by_name(args: list[str], message: str) -> None:

@@ -18,7 +18,9 @@ __all__ = [
     "NOTES",
     "SETTINGS",
     "EmulateOption",
+    "CoserveOption",
     "NodeOption",
+    "RoleOption",
     "SchedulingPolicyOption",
     "StreamIntervalOption",
     "TimeScaleOption",
@@ -53,6 +55,22 @@ NodeOption = Annotated[
         "go over NVLink, others over the network)",
     ),
 ]
+CoserveOption = Annotated[
+    str | None,
+    typer.Option(
+        "--coserve",
+        metavar="SERVING_MODEL",
+        help="with --emulate: a lent serving GPU (ROSE): it serves this model's requests "
+        "(a prefiller's or a decoder's, --role) and admits rollout turns beside them under "
+        "the dual-SLO rule",
+    ),
+]
+RoleOption = Annotated[
+    str | None,
+    typer.Option(
+        "--role", help="with --coserve: the serving role, prefill or decode (default decode)"
+    ),
+]
 StreamIntervalOption = Annotated[
     float | None,
     typer.Option(
@@ -82,6 +100,12 @@ def _spec_note() -> str:
     return f"MODEL one of: {', '.join(list_models())}; GPU one of: {gpus}"
 
 
+def _coserve(model: str, role: str | None) -> object:
+    from loom.runtime.emulate.process import coserve
+
+    return coserve(model, role or "decode")
+
+
 def _policies() -> list[str]:
     from loom.rollout.engine_queue import EngineSchedulingPolicy
 
@@ -97,6 +121,7 @@ SETTINGS = Layering(
         "scheduling_policy": Flag(choices=_policies),
         "max_running": Flag(shown=None),
         "node": Flag(shown=None),
+        "coserve": Flag(convert=_coserve, uses=("role",), shown=None),
         "stream_interval_s": Flag(
             "stream_interval_ms", convert=lambda ms: ms / 1000, shown=lambda s: f"{s * 1000:g}"
         ),
@@ -125,6 +150,8 @@ def serve_emulated(
             f"an emulated engine has no token: it binds loopback only (got --host {host}); "
             "--allow-open to bind beyond it anyway"
         )
+    if ctx.params.get("role") is not None and ctx.params.get("coserve") is None:
+        raise typer.BadParameter("--role is a lent GPU's serving role: it needs --coserve")
     cfg = SETTINGS.build(ctx)
 
     def announce(url: str) -> None:
@@ -132,6 +159,11 @@ def serve_emulated(
             f"[bold]loom engine[/bold] on [link]{url}[/link] — emulated {cfg.spec}, time scale "
             f"{cfg.time_scale:g}, max running {cfg.max_running}, {cfg.scheduling_policy} "
             "scheduling"
+            + (
+                f", lent: serves {cfg.coserve.serving_model} as a {cfg.coserve.role.value}r"
+                if cfg.coserve is not None
+                else ""
+            )
         )
         console.print(url, highlight=False)
 

@@ -80,6 +80,8 @@ def serve_engine(
     scheduling_policy: emulated.SchedulingPolicyOption = None,
     stream_interval_ms: emulated.StreamIntervalOption = None,
     node: emulated.NodeOption = None,
+    coserve: emulated.CoserveOption = None,
+    role: emulated.RoleOption = None,
     priority: Annotated[
         bool | None,
         typer.Option(

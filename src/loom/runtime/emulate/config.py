@@ -12,9 +12,10 @@ from loom.perf.latency import RooflineLatencyModel
 from loom.perf.specs import gpu_spec, model_spec
 from loom.perf.transfer import KvLinks
 from loom.rollout.engine_queue import EngineSchedulingPolicy
+from loom.rollout.rose.admission import AdmissionKind, Role
 from loom.sim.rollout.simulator import RolloutConfig
 
-__all__ = ["EmulatedEngineConfig", "EmulationSpec"]
+__all__ = ["CoServeSettings", "EmulatedEngineConfig", "EmulationSpec"]
 
 _SPEC = re.compile(r"^(?P<model>[^@\s]+)@(?P<gpu>[A-Za-z0-9]+)(?::tp(?P<tp>\d+))?$")
 _SIM = RolloutConfig()  # the simulator's engine settings are the emulator's defaults
@@ -44,6 +45,35 @@ class EmulationSpec:
 
     def __str__(self) -> str:
         return f"{self.model}@{self.gpu.value}:tp{self.tp}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CoServeSettings:
+    """What a lent instance serves beside the rollout, and how it shares the GPU."""
+
+    serving_model: str = field(metadata={"help": "the serving model (a `loom.perf` model key)"})
+    role: Role = field(default=Role.DECODE, metadata={"help": "prefill or decode (PD roles)"})
+    ttft_s: float = field(default=0.5, metadata={"help": "B_TTFT, the serving SLO (§6: 7B)"})
+    tpot_s: float = field(default=0.15, metadata={"help": "B_TPOT, the serving SLO (§6: 7B)"})
+    admission: AdmissionKind = field(
+        default=AdmissionKind.DUAL_SLO, metadata={"help": "which SLOs rollout admission keeps"}
+    )
+    lease_s: float = field(default=30.0, metadata={"help": "seconds a rollout prefix is kept"})
+    max_running_per_gpu: int = field(
+        default=16, metadata={"help": "rollout requests per GPU (§4.3's cap for Qwen3 at 32K)"}
+    )
+
+    def __post_init__(self) -> None:
+        model_spec(self.serving_model)  # raises ConfigError naming the known models
+        try:
+            object.__setattr__(self, "role", Role(self.role))
+            object.__setattr__(self, "admission", AdmissionKind(self.admission))
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if self.role == Role.COLOCATED:
+            raise ConfigError("a co-serving engine is a prefiller or a decoder (PD roles)")
+        if self.lease_s < 0 or self.max_running_per_gpu < 1:
+            raise ConfigError("lease_s must be >= 0 and max_running_per_gpu >= 1")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,6 +118,13 @@ class EmulatedEngineConfig:
     )
     inter_node_gbs: float = field(
         default=_SIM.inter_node_gbs, metadata={"help": "GB/s of KV moves between nodes"}
+    )
+    coserve: CoServeSettings | None = field(
+        default=None,
+        metadata={
+            "help": "a lent serving GPU (ROSE): serve this model's requests beside the "
+            "rollout's (`loom.runtime.emulate.coserve`); None: a rollout engine"
+        },
     )
     stream_interval_s: float = field(
         default=0.05,

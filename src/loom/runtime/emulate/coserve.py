@@ -18,15 +18,14 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from loom.core.errors import ConfigError, InvalidRequest
+from loom.core.errors import InvalidRequest
 from loom.perf.latency import RooflineLatencyModel
 from loom.perf.specs import model_spec
-from loom.rollout.rose.admission import AdmissionKind, Role, ServingSlo
+from loom.rollout.rose.admission import Role, ServingSlo
 from loom.rollout.rose.memory import MemorySharing, lent_memory
-from loom.runtime.emulate.config import EmulatedEngineConfig
+from loom.runtime.emulate.config import CoServeSettings, EmulatedEngineConfig
 from loom.runtime.emulate.core import EmulatedEngine
 from loom.sim.rollout.coserve import CoServeConfig, CoServingWorker, ServingRequest
 from loom.sim.rollout.state import TrajState
@@ -36,36 +35,7 @@ if TYPE_CHECKING:
     from loom.perf.latency import LatencyModel
     from loom.sim.engine import Engine
 
-__all__ = ["CoServeSettings", "CoServingEngine"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class CoServeSettings:
-    """What a lent instance serves beside the rollout, and how it shares the GPU."""
-
-    serving_model: str = field(metadata={"help": "the serving model (a `loom.perf` model key)"})
-    role: Role = field(default=Role.DECODE, metadata={"help": "prefill or decode (PD roles)"})
-    ttft_s: float = field(default=0.5, metadata={"help": "B_TTFT, the serving SLO (§6: 7B)"})
-    tpot_s: float = field(default=0.15, metadata={"help": "B_TPOT, the serving SLO (§6: 7B)"})
-    admission: AdmissionKind = field(
-        default=AdmissionKind.DUAL_SLO, metadata={"help": "which SLOs rollout admission keeps"}
-    )
-    lease_s: float = field(default=30.0, metadata={"help": "seconds a rollout prefix is kept"})
-    max_running_per_gpu: int = field(
-        default=16, metadata={"help": "rollout requests per GPU (§4.3's cap for Qwen3 at 32K)"}
-    )
-
-    def __post_init__(self) -> None:
-        model_spec(self.serving_model)  # raises ConfigError naming the known models
-        try:
-            object.__setattr__(self, "role", Role(self.role))
-            object.__setattr__(self, "admission", AdmissionKind(self.admission))
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-        if self.role == Role.COLOCATED:
-            raise ConfigError("a co-serving engine is a prefiller or a decoder (PD roles)")
-        if self.lease_s < 0 or self.max_running_per_gpu < 1:
-            raise ConfigError("lease_s must be >= 0 and max_running_per_gpu >= 1")
+__all__ = ["CoServingEngine"]
 
 
 class CoServingEngine(EmulatedEngine):
@@ -96,6 +66,9 @@ class CoServingEngine(EmulatedEngine):
         super().__init__(config, clock, latency)
         self.coworker.set_version(0)  # the rollout's weights are here from the start
         self.coworker.begin_step(0)
+        # its rollout's room moves with serving; a request may use the whole pool
+        self.capacity = self.coserve_config.memory.pool_pages * self.coworker.r_tpp
+        self.max_model_len = config.max_model_len or self.capacity
 
     @property
     def coworker(self) -> CoServingWorker:

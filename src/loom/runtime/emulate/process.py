@@ -15,7 +15,8 @@ from dataclasses import fields
 from loom.core.errors import ConfigError
 from loom.proc.tether import Tethered
 from loom.rollout.engine_queue import EngineSchedulingPolicy
-from loom.runtime.emulate.config import EmulatedEngineConfig, EmulationSpec
+from loom.rollout.rose.admission import Role
+from loom.runtime.emulate.config import CoServeSettings, EmulatedEngineConfig, EmulationSpec
 
 __all__ = ["EmulatedProcess", "main"]
 
@@ -98,6 +99,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--stream-interval-ms", type=float, default=50.0, help=_help("stream_interval_s")
     )
+    p.add_argument("--coserve", default=None, metavar="SERVING_MODEL", help=_help("coserve"))
+    p.add_argument("--role", default="decode", choices=["prefill", "decode"], help=_ROLE)
     args = p.parse_args(argv)
     try:
         config = make_config(
@@ -111,10 +114,24 @@ def main(argv: list[str] | None = None) -> None:
             served_model_name=args.served_model_name,
             node=args.node,
             stream_interval_s=args.stream_interval_ms / 1000,
+            coserve=coserve(args.coserve, args.role),
         )
     except ConfigError as exc:
         p.error(str(exc))
     serve(config, args.host, args.port, lambda url: print(f"emulated engine on {url}", flush=True))
+
+
+_ROLE = "with --coserve: the instance's serving role, prefill or decode (PD disaggregation)"
+
+
+def coserve(serving_model: str | None, role: str = "decode") -> CoServeSettings | None:
+    """A lent GPU's settings for `--coserve SERVING_MODEL --role ROLE` (None: a rollout
+    engine)."""
+    if serving_model is None:
+        return None
+    if role not in (Role.PREFILL.value, Role.DECODE.value):
+        raise ConfigError(f"role must be prefill or decode, got {role!r}")
+    return CoServeSettings(serving_model=serving_model.lower(), role=Role(role))
 
 
 def make_config(spec: str, **values: object) -> EmulatedEngineConfig:

@@ -35,12 +35,14 @@ from loom.core.errors import InvalidRequest
 from loom.runtime.emulate.clock import WallClock
 from loom.runtime.emulate.config import EmulatedEngineConfig
 from loom.runtime.emulate.core import EmulatedEngine, Request
+from loom.runtime.emulate.coserve import CoServingEngine
 from loom.runtime.emulate.kv import KvRoutes
+from loom.runtime.emulate.serving import ServingRoutes
 from loom.runtime.emulate.tokens import (
-    VOCAB,
     detokenize,
     logprobs_block,
     piece,
+    prompt_ids,
     prompt_logprobs,
     tokenize,
 )
@@ -100,7 +102,7 @@ class _Params:
             raise InvalidRequest("beam search is not supported by the emulated engine")
         if body.get("stop") not in (None, [], ""):
             raise InvalidRequest("stop strings are not supported by the emulated engine")
-        self.prompt = _prompt(body.get("prompt"))
+        self.prompt = prompt_ids(body.get("prompt"))
         self.text = isinstance(body.get("prompt"), str) or (
             isinstance(body.get("prompt"), list)
             and bool(body["prompt"])
@@ -135,22 +137,6 @@ def _int(value: Any, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidRequest(f"{name} must be an integer, got {value!r}")
     return value
-
-
-def _prompt(prompt: Any) -> list[int]:
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (list, str)):
-        prompt = prompt[0]  # one prompt in a batch of one
-    if isinstance(prompt, str):
-        return tokenize(prompt)
-    if isinstance(prompt, list) and all(
-        isinstance(t, int) and not isinstance(t, bool) for t in prompt
-    ):
-        if any(not 0 <= t < VOCAB for t in prompt):
-            raise InvalidRequest(f"token ids must be in [0, {VOCAB})")
-        return prompt
-    if isinstance(prompt, list) and prompt and all(isinstance(p, (list, str)) for p in prompt):
-        raise InvalidRequest("one prompt per request: batches are not supported")
-    raise InvalidRequest("prompt must be a string or a list of token ids")
 
 
 class _Metrics(Collector):
@@ -204,7 +190,12 @@ class EmulatedServer:
 
     def __init__(self, config: EmulatedEngineConfig) -> None:
         self.cfg = config
-        self.core = EmulatedEngine(config, Engine())
+        self.core = (
+            EmulatedEngine(config, Engine())
+            if config.coserve is None
+            else CoServingEngine(config, Engine(), config.coserve)
+        )
+        self.serving = None if config.coserve is None else ServingRoutes(self)
         self.clock: WallClock  # set at startup, on the serving loop
         self.streams: dict[Request, _Stream] = {}
         self._ticker: asyncio.TimerHandle | None = None
@@ -226,6 +217,8 @@ class EmulatedServer:
         app.router.add_get("/debug/requests", self.requests)
         app.router.add_get("/debug/stats", self.debug_stats)
         KvRoutes(self).add(app)
+        if self.serving is not None:
+            self.serving.add(app)
         app.on_startup.append(self._start)
         app.on_cleanup.append(self._stop)
         return app
@@ -264,22 +257,20 @@ class EmulatedServer:
         return _json({"version": VERSION})
 
     async def models(self, request: web.Request) -> web.Response:
-        return _json(
+        data = [
             {
-                "object": "list",
-                "data": [
-                    {
-                        "id": self.cfg.model_name,
-                        "object": "model",
-                        "created": self.created,
-                        "owned_by": "loom",
-                        "root": f"emulated:{self.cfg.spec}",
-                        "parent": None,
-                        "max_model_len": self.core.max_model_len,
-                    }
-                ],
+                "id": self.cfg.model_name,
+                "object": "model",
+                "created": self.created,
+                "owned_by": "loom",
+                "root": f"emulated:{self.cfg.spec}",
+                "parent": None,
+                "max_model_len": self.core.max_model_len,
             }
-        )
+        ]
+        if self.serving is not None:  # a lent GPU: its own model after the rollout's
+            data.append({**data[0], "id": self.serving.model, "root": "emulated:serving"})
+        return _json({"object": "list", "data": data})
 
     async def tokenize(self, request: web.Request) -> web.Response:
         body = await _body(request)
@@ -351,6 +342,8 @@ class EmulatedServer:
         body = await _body(request)
         if isinstance(body, web.Response):
             return body
+        if self.serving is not None and body.get("model") == self.serving.model:
+            return await self.serving.complete(body)
         try:
             p = _Params(body, self.cfg.model_name)
             header = request.headers.get("X-Vllm-Priority")

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from loom.core.errors import InvalidRequest
 from loom.runtime.rollout.standin import EOS, VOCAB, next_token, token_logprob, top_logprobs
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "generate",
     "logprobs_block",
     "piece",
+    "prompt_ids",
     "prompt_logprobs",
     "tokenize",
     "word",
@@ -152,3 +154,20 @@ def prompt_logprobs(prompt: Sequence[int], top: int) -> list[dict[str, Any] | No
             }
         rows.append(row)
     return rows
+
+
+def prompt_ids(prompt: Any) -> list[int]:
+    """A completion's `prompt` as token ids (text is tokenized); InvalidRequest otherwise."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (list, str)):
+        prompt = prompt[0]  # one prompt in a batch of one
+    if isinstance(prompt, str):
+        return tokenize(prompt)
+    if isinstance(prompt, list) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in prompt
+    ):
+        if any(not 0 <= t < VOCAB for t in prompt):
+            raise InvalidRequest(f"token ids must be in [0, {VOCAB})")
+        return prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (list, str)) for p in prompt):
+        raise InvalidRequest("one prompt per request: batches are not supported")
+    raise InvalidRequest("prompt must be a string or a list of token ids")
