@@ -17,8 +17,8 @@ if TYPE_CHECKING:
 __all__ = [
     "NOTES",
     "SETTINGS",
-    "EmulateOption",
     "CoserveOption",
+    "EmulateOption",
     "NodeOption",
     "RoleOption",
     "SchedulingPolicyOption",
