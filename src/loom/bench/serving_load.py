@@ -1,0 +1,198 @@
+"""Serving traffic for lent GPUs (ROSE): a window of a serving trace (`loom.sim.workloads.
+serving`: the synthetic bursty, diurnal day the reproduction uses, or an Azure trace) replayed
+on the wall clock against co-serving emulated engines (`loom serve engine --emulate ...
+--coserve SERVING_MODEL --role prefill|decode`), as ROSE's PD-disaggregated serving runs: each
+request goes to the least loaded prefiller (requests it holds; ties to the least used, as the
+simulator's `RoseRollout` routes), and once prefilled to the least loaded decoder.
+
+Each request's TTFT is its prefiller's and its TPOT its decoder's, both in emulated (GPU)
+seconds as the engines measure them, so they compare with the simulator's at any time scale.
+
+    python -m loom.bench.serving_load --prefill URL --decode URL [--decode URL ...]
+        [--rps 2.0] [--offset-s 36000] [--horizon-s 60] [--time-scale 0.1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import numpy as np
+
+from loom.core.errors import ConfigError
+from loom.sim.workloads.serving import ServingTrace, synthetic_day
+
+__all__ = ["ServingLoadResult", "replay", "window"]
+
+
+@dataclass
+class ServingLoadResult:
+    """What a replay saw: per request (in arrival order) its TTFT and TPOT in emulated
+    seconds (NaN where it failed), and the failures' messages."""
+
+    sent: int = 0
+    ttft_s: list[float] = field(default_factory=list)
+    tpot_s: list[float] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+    def attainment(self, ttft_slo_s: float, tpot_slo_s: float) -> dict[str, float]:
+        """The shares of requests within each SLO (a failed request misses both)."""
+        n = len(self.ttft_s)
+        if n == 0:
+            return {"ttft": math.nan, "tpot": math.nan}
+        return {
+            "ttft": sum(x <= ttft_slo_s for x in self.ttft_s) / n,
+            "tpot": sum(x <= tpot_slo_s for x in self.tpot_s) / n,
+        }
+
+    def summary(self, ttft_slo_s: float, tpot_slo_s: float) -> dict[str, Any]:
+        ok = [i for i, x in enumerate(self.ttft_s) if not math.isnan(x)]
+
+        def p(xs: list[float], q: float) -> float:
+            v = [xs[i] for i in ok]
+            return float(np.percentile(v, q)) if v else math.nan
+
+        att = self.attainment(ttft_slo_s, tpot_slo_s)
+        return {
+            "sent": self.sent,
+            "failed": len(self.failures),
+            "ttft_p50_s": p(self.ttft_s, 50),
+            "ttft_p99_s": p(self.ttft_s, 99),
+            "tpot_p50_s": p(self.tpot_s, 50),
+            "tpot_p99_s": p(self.tpot_s, 99),
+            "ttft_attainment": att["ttft"],
+            "tpot_attainment": att["tpot"],
+        }
+
+
+def window(trace: ServingTrace, offset_s: float, horizon_s: float) -> list[tuple[float, int, int]]:
+    """The requests arriving in [offset, offset + horizon): (seconds after the window opens,
+    prompt tokens, output tokens), each at least one token as the simulator takes them."""
+    if horizon_s <= 0:
+        raise ConfigError(f"horizon_s must be > 0, got {horizon_s}")
+    arr = trace.arrival_s
+    lo = int(np.searchsorted(arr, offset_s, side="left"))
+    hi = int(np.searchsorted(arr, offset_s + horizon_s, side="left"))
+    return [
+        (
+            float(arr[i]) - offset_s,
+            max(1, int(trace.prompt_tokens[i])),
+            max(1, int(trace.output_tokens[i])),
+        )
+        for i in range(lo, hi)
+    ]
+
+
+class _Pool:
+    """Engines of one role, least loaded first (requests held, then requests served)."""
+
+    def __init__(self, urls: Sequence[str], role: str) -> None:
+        if not urls:
+            raise ConfigError(f"serving needs at least one {role} engine")
+        self.urls = list(urls)
+        self.held = [0] * len(urls)
+        self.served = [0] * len(urls)
+
+    def pick(self) -> int:
+        i = min(range(len(self.urls)), key=lambda j: (self.held[j], self.served[j], j))
+        self.held[i] += 1
+        self.served[i] += 1
+        return i
+
+
+async def replay(
+    requests: Sequence[tuple[float, int, int]],
+    model: str,
+    prefillers: Sequence[str],
+    decoders: Sequence[str],
+    *,
+    time_scale: float,
+    client: httpx.AsyncClient | None = None,
+    timeout_s: float = 600.0,
+) -> ServingLoadResult:
+    """Send `requests` ((emulated seconds from now, prompt, output) in order) on the wall
+    clock (`time_scale` wall seconds per emulated second) through the prefillers, then the
+    decoders; returns once every request has ended or failed."""
+    if not time_scale > 0:
+        raise ConfigError(f"time_scale must be > 0, got {time_scale}")
+    pre, dec = _Pool(prefillers, "prefill"), _Pool(decoders, "decode")
+    out = ServingLoadResult(
+        sent=len(requests),
+        ttft_s=[math.nan] * len(requests),
+        tpot_s=[math.nan] * len(requests),
+    )
+    own = client is None
+    http = client or httpx.AsyncClient(
+        timeout=timeout_s, limits=httpx.Limits(max_connections=None, max_keepalive_connections=64)
+    )
+
+    async def one(k: int, prompt: int, output: int) -> None:
+        body = {"model": model, "prompt": [7] * prompt, "max_tokens": output}
+        try:
+            i = pre.pick()
+            try:
+                r = await http.post(pre.urls[i] + "/v1/completions", json=body)
+            finally:
+                pre.held[i] -= 1
+            r.raise_for_status()
+            ttft = float(r.json()["loom_serving"]["ttft_s"])
+            j = dec.pick()
+            try:
+                r = await http.post(dec.urls[j] + "/v1/completions", json=body)
+            finally:
+                dec.held[j] -= 1
+            r.raise_for_status()
+            out.ttft_s[k], out.tpot_s[k] = ttft, float(r.json()["loom_serving"]["tpot_s"])
+        except (httpx.HTTPError, KeyError, TypeError, ValueError) as exc:
+            out.failures.append(f"request {k}: {exc!r}")
+
+    start = time.monotonic()
+    tasks = []
+    try:
+        for k, (at, prompt, output) in enumerate(requests):
+            delay = start + at * time_scale - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(k, prompt, output)))
+        await asyncio.gather(*tasks)
+    finally:
+        for t in tasks:
+            t.cancel()
+        if own:
+            await http.aclose()
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m loom.bench.serving_load", description=__doc__)
+    p.add_argument("--prefill", action="append", required=True, help="a prefiller's URL")
+    p.add_argument("--decode", action="append", required=True, help="a decoder's URL")
+    p.add_argument("--model", default="qwen2.5-7b", help="the serving model")
+    p.add_argument("--rps", type=float, default=2.0, help="the day's mean requests/s")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--offset-s", type=float, default=36000.0, help="where in the day (10:00)")
+    p.add_argument("--horizon-s", type=float, default=60.0, help="emulated seconds replayed")
+    p.add_argument("--time-scale", type=float, default=1.0, help="as the engines run")
+    p.add_argument("--ttft-slo-s", type=float, default=0.5)
+    p.add_argument("--tpot-slo-s", type=float, default=0.15)
+    args = p.parse_args(argv)
+    try:
+        day = synthetic_day(mean_rps=args.rps, seed=args.seed)
+        reqs = window(day, args.offset_s, args.horizon_s)
+        result = asyncio.run(
+            replay(reqs, args.model, args.prefill, args.decode, time_scale=args.time_scale)
+        )
+    except ConfigError as exc:
+        p.error(str(exc))
+    for k, v in result.summary(args.ttft_slo_s, args.tpot_slo_s).items():
+        print(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}")
+
+
+if __name__ == "__main__":
+    main()
