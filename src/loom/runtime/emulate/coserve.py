@@ -127,7 +127,9 @@ class CoServingEngine(EmulatedEngine):
 
     def serving_stats(self) -> dict[str, float | int]:
         """Serving requests ended here, and the share of them within the SLO of this
-        instance's role (TTFT on a prefiller, TPOT on a decoder)."""
+        instance's role (TTFT on a prefiller, TPOT on a decoder); the rollout's room
+        (`free_tokens`) and the serving-SLO slack a rollout iteration has now (`slack_s`, inf
+        where nothing binds), which the router's ROSE placement reads."""
         stats = self.coworker.stats
         if self.coserve.role == Role.PREFILL:
             xs, slo = stats.ttft, self.coserve.ttft_s
@@ -139,6 +141,8 @@ class CoServingEngine(EmulatedEngine):
             "ended": len(xs),
             "slo_attainment": met / len(xs) if xs else math.nan,
             "load": self.coworker.serving_load(self.eng.now),
+            "free_tokens": self.coworker.free_pages * self.coworker.r_tpp,
+            "slack_s": self.coworker.slack_s,
             "serving_pages": self.coworker.serving_pages,
             "rollout_budget_pages": self.coworker.mem.budget,
         }

@@ -13,12 +13,14 @@ has no abort). Streaming is refused.
 `POST /loom/coserve/step {"step": N}`: a new RL step (the memory policy sets the rollout's
 budget from recent serving usage). `GET /loom/coserve`: the instance's role, serving
 requests served and ended, the share within the SLO of its role, its serving load, pages
-and the rollout's budget, and the rollout requests it took off the GPU (pages reclaimed for
-serving, or stalled)."""
+and the rollout's budget, the rollout requests it took off the GPU (pages reclaimed for
+serving, or stalled), and what the router's ROSE placement reads: the rollout tokens it can
+still take (`free_tokens`) and its serving-SLO slack (`slack_s`; null: nothing binds)."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -62,7 +64,9 @@ class ServingRoutes:
 
     async def info(self, request: web.Request) -> web.Response:
         with self.server.clock.step():
-            stats = self.core.serving_stats()
+            stats: dict[str, Any] = dict(self.core.serving_stats())
+        if stats["slack_s"] == math.inf:
+            stats["slack_s"] = None  # (JSON has no infinity): nothing binds
         return _json({"role": self.core.coserve.role.value, "serving_model": self.model, **stats})
 
     async def step(self, request: web.Request) -> web.Response:

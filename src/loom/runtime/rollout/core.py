@@ -759,6 +759,17 @@ class RouterCore:
         turn.cached_tokens += done.cached_tokens
         if done.routed_experts is not None:
             turn.routed_experts = done.routed_experts
+        e = turn.engine
+        if done.finish_reason == "abort" and e is not None and e.lent and turn.remaining > 0:
+            # NOTE: a lent engine that aborts a rollout turn itself took its pages back for
+            # serving (ROSE §4.1): the turn goes on elsewhere with what it generated, and the
+            # engine takes no rollout turn until its side reports room again
+            self.counts["reclaimed"] += 1
+            e.stalled = True
+            self._on_failure(
+                e, turn, event.attempt, "reclaimed for serving", down=False, probe=False
+            )
+            return
         if done.finish_reason == "abort":
             # the engine aborted it itself (the driver stops its stream before it aborts
             # one): the client hears an abort, with what was generated

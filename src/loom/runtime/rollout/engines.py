@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -136,6 +137,7 @@ class EngineClient:
     high_first: bool = field(default=False, init=False)
     _urls: dict[str, URL] = field(default_factory=dict, init=False, repr=False)
     _headers: dict[str, str] = field(default_factory=lambda: dict(_JSON), init=False, repr=False)
+    _no_coserve: bool = field(default=False, init=False, repr=False)  # no /loom/coserve there
 
     @property
     def token(self) -> str | None:
@@ -183,6 +185,22 @@ class EngineClient:
         """Copy the KV it holds of `tokens` to the engine at `to`: the tokens that arrived
         and the engine's seconds the copy took."""
         raise EngineError(f"{self.url} moves no KV to other engines")
+
+    async def coserve(self) -> tuple[int, float] | None:
+        """A lent engine's side (ROSE): the rollout KV tokens it can still take and its
+        serving-SLO slack, where it says them at `GET /loom/coserve` (Loom's emulated
+        co-serving engines); None where it does not (its side reports to the router)."""
+        if self._no_coserve:
+            return None
+        try:
+            data = await self._get_json("/loom/coserve")
+            slack = data["slack_s"]
+            return int(data["free_tokens"]), math.inf if slack is None else float(slack)
+        except NoSuchRoute:
+            self._no_coserve = True
+            return None
+        except (KeyError, TypeError, ValueError) as exc:
+            raise EngineError(f"{self.url}/loom/coserve answered oddly: {exc!r}") from exc
 
     async def load(self) -> EngineLoad:
         """What the engine says of its load now (`EngineError` where it says nothing)."""

@@ -142,6 +142,21 @@ class EngineRegistry:
                     continue
                 mute.discard(e.id)
                 send(ev.EngineLoaded(e, got))
+            await self._lent_sides(engines, send)
+
+    async def _lent_sides(self, engines: list[EngineState], send: Send) -> None:
+        """A lent engine that says its side (Loom's co-serving emulated engines) reports its
+        room and serving slack as its co-serving executor would (`PATCH /v1/engines/{id}`)."""
+        lent = [e for e in engines if e.lent]
+        if not lent:
+            return
+        sides = await asyncio.gather(*(_client(e).coserve() for e in lent), return_exceptions=True)
+        for e, side in zip(lent, sides, strict=True):
+            if isinstance(side, UpstreamError) or side is None:
+                continue
+            if isinstance(side, BaseException):
+                raise side
+            send(ev.Report(e.id, free_tokens=side[0], slack_s=side[1]))
 
     async def health_loop(self, send: Send) -> None:
         cfg = self.config

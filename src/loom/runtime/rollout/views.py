@@ -4,6 +4,7 @@ ledger."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from loom.runtime.rollout.state import EngineState
@@ -14,7 +15,7 @@ if TYPE_CHECKING:
     from loom.runtime.rollout.prediction import OnlinePredictor
     from loom.runtime.rollout.tokenizer import LocalTokenizer
 
-__all__ = ["engine_view", "stats"]
+__all__ = ["engine_view", "pools", "stats"]
 
 
 def stats(
@@ -33,6 +34,7 @@ def stats(
         "scheduler": config.scheduler.value,
         "tokenizer": tokenizer.source if tokenizer is not None else None,
         "engines": {e.id: engine_view(e) for e in core.fleet.engines.values()},
+        "pools": pools(core.fleet.engines.values()),
         "weights_version": core.version,
         "held": core.held_turns(),
         "policy": dict(ledger.counts),
@@ -48,6 +50,21 @@ def stats(
             "fits": predictor.fits,
         },
     }
+
+
+def pools(engines: Iterable[EngineState]) -> dict[str, dict[str, int]]:
+    """Load per pool (ROSE): the job's dedicated engines and the serving engines lent to it."""
+    out = {name: {"engines": 0, "alive": 0, "running": 0, "waiting": 0} for name in POOLS}
+    for e in engines:
+        p = out["lent" if e.lent else "dedicated"]
+        p["engines"] += 1
+        p["alive"] += e.alive
+        p["running"] += len(e.running)
+        p["waiting"] += len(e.waiting)
+    return out
+
+
+POOLS = ("dedicated", "lent")
 
 
 def engine_view(e: EngineState) -> dict[str, Any]:
