@@ -41,18 +41,22 @@ class ServingLoadResult:
     tpot_s: list[float] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
 
+    def ended(self) -> list[int]:
+        """The requests that ended (not failed, not cut off when the replay was stopped)."""
+        return [i for i, x in enumerate(self.tpot_s) if not math.isnan(x)]
+
     def attainment(self, ttft_slo_s: float, tpot_slo_s: float) -> dict[str, float]:
-        """The shares of requests within each SLO (a failed request misses both)."""
-        n = len(self.ttft_s)
-        if n == 0:
+        """The shares of the requests that ended within each SLO."""
+        ended = self.ended()
+        if not ended:
             return {"ttft": math.nan, "tpot": math.nan}
         return {
-            "ttft": sum(x <= ttft_slo_s for x in self.ttft_s) / n,
-            "tpot": sum(x <= tpot_slo_s for x in self.tpot_s) / n,
+            "ttft": sum(self.ttft_s[i] <= ttft_slo_s for i in ended) / len(ended),
+            "tpot": sum(self.tpot_s[i] <= tpot_slo_s for i in ended) / len(ended),
         }
 
     def summary(self, ttft_slo_s: float, tpot_slo_s: float) -> dict[str, Any]:
-        ok = [i for i, x in enumerate(self.ttft_s) if not math.isnan(x)]
+        ok = self.ended()
 
         def p(xs: list[float], q: float) -> float:
             v = [xs[i] for i in ok]
@@ -61,6 +65,7 @@ class ServingLoadResult:
         att = self.attainment(ttft_slo_s, tpot_slo_s)
         return {
             "sent": self.sent,
+            "ended": len(ok),
             "failed": len(self.failures),
             "ttft_p50_s": p(self.ttft_s, 50),
             "ttft_p99_s": p(self.ttft_s, 99),
@@ -115,18 +120,20 @@ async def replay(
     time_scale: float,
     client: httpx.AsyncClient | None = None,
     timeout_s: float = 600.0,
+    into: ServingLoadResult | None = None,
 ) -> ServingLoadResult:
     """Send `requests` ((emulated seconds from now, prompt, output) in order) on the wall
     clock (`time_scale` wall seconds per emulated second) through the prefillers, then the
-    decoders; returns once every request has ended or failed."""
+    decoders; returns once every request has ended or failed. Cancelled (the rollout it ran
+    beside ended), the requests in flight are dropped: `ServingLoadResult.ended` says which
+    ended; what a cancelled replay saw is in `into`, where given."""
     if not time_scale > 0:
         raise ConfigError(f"time_scale must be > 0, got {time_scale}")
     pre, dec = _Pool(prefillers, "prefill"), _Pool(decoders, "decode")
-    out = ServingLoadResult(
-        sent=len(requests),
-        ttft_s=[math.nan] * len(requests),
-        tpot_s=[math.nan] * len(requests),
-    )
+    out = into if into is not None else ServingLoadResult()
+    out.sent = 0
+    out.ttft_s = [math.nan] * len(requests)
+    out.tpot_s = [math.nan] * len(requests)
     own = client is None
     http = client or httpx.AsyncClient(
         timeout=timeout_s, limits=httpx.Limits(max_connections=None, max_keepalive_connections=64)
@@ -160,6 +167,7 @@ async def replay(
             if delay > 0:
                 await asyncio.sleep(delay)
             tasks.append(asyncio.create_task(one(k, prompt, output)))
+            out.sent = k + 1
         await asyncio.gather(*tasks)
     finally:
         for t in tasks:

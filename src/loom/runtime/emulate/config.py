@@ -58,7 +58,9 @@ class CoServeSettings:
     admission: AdmissionKind = field(
         default=AdmissionKind.DUAL_SLO, metadata={"help": "which SLOs rollout admission keeps"}
     )
-    lease_s: float = field(default=30.0, metadata={"help": "seconds a rollout prefix is kept"})
+    lease_s: float = field(
+        default=10.0, metadata={"help": "seconds a rollout prefix is kept (ROSE's system: 10)"}
+    )
     max_running_per_gpu: int = field(
         default=16, metadata={"help": "rollout requests per GPU (§4.3's cap for Qwen3 at 32K)"}
     )
