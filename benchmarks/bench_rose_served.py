@@ -10,9 +10,10 @@ replayed against the lent engines meanwhile (`loom.bench.serving_load`); the sim
 Per number of lent GPUs: the rollout time (emulated seconds: wall / time scale), the serving
 requests that ended during it and the shares within the TTFT and TPOT SLOs, the turns the
 router moved off lent engines (taken back for serving, or stalled), and the simulator's
-rollout time and SLO shares; and, for each lent fleet, serving alone over the same window
-(no rollout), the attainment the rollout must not lower. Qwen3-8B's workload of ROSE §6
-(Frozen-Lake, App. E), `--groups` groups of 16 samples (16: the paper's 256 trajectories).
+rollout time and SLO shares; and, for each lent fleet, serving alone (no rollout) over the
+window the rollout took, the attainment the rollout must not lower. Qwen3-8B's workload of
+ROSE §6 (Frozen-Lake, App. E), `--groups` groups of 16 samples (16: the paper's 256
+trajectories). The router, the serving load and each engine run in processes of their own.
 
 `--json PATH` writes one results document (`loom.bench.results`): a record `"served"` per
 number of lent GPUs.
@@ -69,14 +70,26 @@ def simulate(wl: Any, specs: list[Any], lent: int, day: Any) -> dict[str, Any]:
 
 
 async def _served(
-    wl: Any, specs: list[Any], lent: int, day: Any, scale: float, *, rollout: bool
+    wl: Any, specs: list[Any], lent: int, rps: float, seed: int, scale: float, horizon_s: float
 ) -> dict[str, Any]:
+    """The batch `specs` through the router (none: serving alone for `horizon_s`), the
+    serving day from 10:00 on the lent engines meanwhile. The router (`loom serve rollout`)
+    and the serving load (`python -m loom.bench.serving_load`) run in processes of their own,
+    apart from the agents: on two cores one process doing all three held the agents back."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    import httpx
+
     from loom.bench.batch import Turn, draw_tokens
     from loom.bench.replay import run_batch
-    from loom.bench.serving_load import ServingLoadResult, replay, window
+    from loom.bench.routers import ServedRouter
     from loom.experiments.rose_steps import DAY_OFFSET_S
     from loom.runtime.emulate import EmulatedProcess
-    from loom.runtime.rollout import BackgroundRouter, EngineConfig, RolloutServerConfig
 
     batch = [
         (s, [Turn(t.input_tokens, t.output_tokens, t.tool_latency_s) for t in s.turns])
@@ -84,7 +97,10 @@ async def _served(
     ]
     draws = draw_tokens(batch, 1)
     args = ("--time-scale", str(scale))
+    rollout = bool(specs)
+    out: dict[str, Any] = {}
     with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="loom-rose-")))
         dedicated = [
             stack.enter_context(EmulatedProcess(SPEC, *args, "--max-running", "16"))
             for _ in range(wl.rollout_gpus // wl.rollout_tp if rollout else 0)
@@ -96,54 +112,57 @@ async def _served(
             )
             for role in roles
         ]
-        pre = [e.url for e, r in zip(lent_engines, roles, strict=True) if r == "prefill"]
-        dec = [e.url for e, r in zip(lent_engines, roles, strict=True) if r == "decode"]
-        seen = ServingLoadResult()
         serving = None
-        if lent and day is not None:
-            horizon = 3600.0 if rollout else 600.0
-            reqs = window(day, DAY_OFFSET_S, horizon)
-            serving = asyncio.create_task(
-                replay(reqs, wl.serving_model, pre, dec, time_scale=scale, into=seen)
-            )
-        out: dict[str, Any] = {}
-        if rollout:
-            cfg = RolloutServerConfig(
-                port=0,
-                engines=(
-                    *(EngineConfig(url=e.url, id=f"d{i}") for i, e in enumerate(dedicated)),
-                    *(
-                        EngineConfig(url=e.url, id=f"l{i}", lent=True)
-                        for i, e in enumerate(lent_engines)
-                    ),
-                ),
-                placement="rose",
-                rose_cap_per_gpu=wl.max_running_per_gpu,
-                load_interval_s=0.2,
-            )
-            router = stack.enter_context(BackgroundRouter(cfg))
-            t0 = time.perf_counter()
-            got = await run_batch(router.url, batch, draws, scale)
-            out["rollout_s"] = (time.perf_counter() - t0) / scale
-            out["tokens"] = got["tokens"]
-            import httpx
-
-            async with httpx.AsyncClient(base_url=router.url) as http:
-                policy = (await http.get("/v1/stats")).json()["policy"]
-            out["moved"] = policy["reclaimed"] + policy["stalls"]
+        if lent and rps > 0:
+            urls = [f"--{role}={e.url}" for e, role in zip(lent_engines, roles, strict=True)]
+            serving = subprocess.Popen(
+                [sys.executable, "-m", "loom.bench.serving_load", *urls,
+                 "--model", wl.serving_model, "--rps", repr(rps), "--seed", str(seed),
+                 "--offset-s", repr(DAY_OFFSET_S), "--horizon-s", repr(horizon_s),
+                 "--time-scale", str(scale), "--ttft-slo-s", repr(wl.slo_ttft_s),
+                 "--tpot-slo-s", repr(wl.slo_tpot_s), "--out", str(tmp / "serving.json")],
+                stdout=subprocess.DEVNULL,
+            )  # fmt: skip
+        try:
+            if rollout:
+                config = tmp / "router.json"
+                engines = [{"url": e.url, "id": f"d{i}"} for i, e in enumerate(dedicated)]
+                engines += [
+                    {"url": e.url, "id": f"l{i}", "lent": True} for i, e in enumerate(lent_engines)
+                ]
+                config.write_text(
+                    json.dumps(
+                        {
+                            "engines": engines,
+                            "placement": "rose",
+                            "rose_cap_per_gpu": wl.max_running_per_gpu,
+                            "load_interval_s": 0.2,
+                        }
+                    )
+                )
+                router = stack.enter_context(ServedRouter(["--config", str(config)]))
+                t0 = time.perf_counter()
+                got = await run_batch(router.url, batch, draws, scale)
+                out["rollout_s"] = (time.perf_counter() - t0) / scale
+                out["tokens"] = got["tokens"]
+                async with httpx.AsyncClient(base_url=router.url) as http:
+                    policy = (await http.get("/v1/stats")).json()["policy"]
+                out["moved"] = policy["reclaimed"] + policy["stalls"]
+                if serving is not None:
+                    serving.send_signal(signal.SIGTERM)
             if serving is not None:
-                serving.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await serving
-        elif serving is not None:
-            await serving
-        summary = seen.summary(wl.slo_ttft_s, wl.slo_tpot_s)
-        out.update(
-            serving_ended=summary["ended"],
-            serving_failed=summary["failed"],
-            ttft_attainment=summary["ttft_attainment"],
-            tpot_attainment=summary["tpot_attainment"],
-        )
+                serving.wait(horizon_s * scale + 600)
+                summary = json.loads((tmp / "serving.json").read_text())["summary"]
+                out.update(
+                    serving_ended=summary["ended"],
+                    serving_failed=summary["failed"],
+                    ttft_attainment=summary["ttft_attainment"],
+                    tpot_attainment=summary["tpot_attainment"],
+                )
+        finally:
+            if serving is not None and serving.poll() is None:
+                serving.kill()
+                serving.wait()
     return out
 
 
@@ -157,11 +176,18 @@ def bench(lent: int, groups: int, scale: float, seed: int) -> dict[str, Any]:
     day = steps._day(rps, 1.0, seed) if rps > 0 else None
     row: dict[str, Any] = {"record": "served", "lent_gpus": lent, "trajectories": len(specs)}
     row["serving_rps"] = rps
-    row.update(asyncio.run(_served(wl, specs, lent, day, scale, rollout=True)))
+    row.update(
+        serving_ended=0,
+        serving_failed=0,
+        ttft_attainment=math.nan,
+        tpot_attainment=math.nan,
+    )
+    row.update(asyncio.run(_served(wl, specs, lent, rps, seed, scale, 4 * 3600.0)))
     row.update(simulate(wl, specs, lent, day))
     row["served_over_simulated"] = row["rollout_s"] / row["sim_rollout_s"]
     if lent and day is not None:
-        alone = asyncio.run(_served(wl, [], lent, day, scale, rollout=False))
+        # serving alone over the window the rollout ran beside it
+        alone = asyncio.run(_served(wl, [], lent, rps, seed, scale, row["rollout_s"]))
         row["alone_ttft_attainment"] = alone["ttft_attainment"]
         row["alone_tpot_attainment"] = alone["tpot_attainment"]
     return row

@@ -6,7 +6,20 @@ from collections.abc import Sequence
 from itertools import pairwise
 from typing import Any
 
-from figures.core import Result, claims_table, para, pct, result, run_label, span, table, wins, x
+from figures.core import (
+    Result,
+    cite,
+    claims_table,
+    para,
+    pct,
+    result,
+    run_label,
+    secs,
+    span,
+    table,
+    wins,
+    x,
+)
 
 __all__ = [
     "rose_dapo",
@@ -19,6 +32,7 @@ __all__ = [
     "rose_fig14_need",
     "rose_headlines",
     "rose_lease",
+    "rose_served",
     "rose_serverlessllm",
     "rose_step_times",
     "rose_table2",
@@ -489,3 +503,50 @@ def rose_fig10(name: str) -> None:
         f"baselines slow ({batch['transfer_s']:,.0f} s for batch); see "
         f"`loom.experiments.rose_transfer`'s docstring."
     )
+
+
+def _att(a: Any, b: Any) -> str:
+    """TTFT / TPOT shares within the SLO ("–" where no serving ran)."""
+    if a is None or b is None:
+        return "–"
+    return f"{pct(a, 1)} / {pct(b, 1)}"
+
+
+def rose_served(name: str) -> None:
+    """ROSE served on emulated GPUs (`bench_rose_served.py`): per number of lent GPUs, the
+    rollout time served and simulated, the speedup over none, the turns moved off lent
+    engines, and serving's SLO attainment beside it, alone and simulated."""
+    r = result(name)
+    rows = sorted(r.where(record="served"), key=lambda row: row["lent_gpus"])
+    base = next(row for row in rows if row["lent_gpus"] == 0)
+    table(
+        [
+            "lent GPUs",
+            "rollout (served)",
+            "simulated",
+            "served / simulated",
+            "speedup over none (served / simulated)",
+            "turns moved off lent",
+            "serving requests",
+            "TTFT / TPOT within SLO",
+            "serving alone",
+            "simulated ",
+        ],
+        [
+            [
+                str(row["lent_gpus"]),
+                secs(row["rollout_s"]),
+                secs(row["sim_rollout_s"]),
+                x(row["served_over_simulated"]),
+                f"{x(base['rollout_s'] / row['rollout_s'])} / "
+                f"{x(base['sim_rollout_s'] / row['sim_rollout_s'])}",
+                str(row["moved"]),
+                f"{row['serving_ended']:,}",
+                _att(row["ttft_attainment"], row["tpot_attainment"]),
+                _att(row.get("alone_ttft_attainment"), row.get("alone_tpot_attainment")),
+                _att(row["sim_ttft_attainment"], row["sim_tpot_attainment"]),
+            ]
+            for row in rows
+        ],
+    )
+    para(f"Measured: {cite(name)}.")

@@ -3,14 +3,15 @@ whose figures the docs quote run at its smallest setting with `--json`: the docu
 back, names the command, and its records carry the fields the docs use, every value finite or
 null.
 
-Not run here: `bench_weight_sync.py` and `profile_engine.py`, which start a vLLM CPU engine
-(about a minute even at their smallest; their parts have tests of their own:
-`tests/runtime/engine/test_weight_sync.py`, `test_engine_profile.py`), and
-`bench_rollout_router.py --continuous` (about 40 s at its smallest; `loom.bench.continuous` is
-tested in `test_bench_continuous.py`). `bench_host_device_copy.py` needs CUDA (`gpu`).
-`bench_rollout_runtime.py` has a test of its own. `bench_rollmux.py` (`--quick`
-still builds 2,000 jobs), `bench_cluster_service.py` (two worker-process groups to start) and
-`soak_router.py` take 10-20 s and are `slow`.
+Not run here: `bench_weight_sync.py`, `bench_vllm_kv_move.py` and `profile_engine.py`, which
+start vLLM CPU engines (about a minute even at their smallest; their parts have tests of their
+own: `tests/runtime/engine/test_weight_sync.py`, `test_kv_connector.py`,
+`test_engine_profile.py`), and `bench_rollout_router.py --continuous` (about 40 s at its
+smallest; `loom.bench.continuous` is tested in `test_bench_continuous.py`).
+`bench_host_device_copy.py` needs CUDA (`gpu`). `bench_rollout_runtime.py` has a test of its
+own. `bench_rollmux.py` (`--quick` still builds 2,000 jobs), `bench_cluster_service.py` (two
+worker-process groups to start), `bench_rose_served.py` (emulated engines, about 30 s at its
+smallest) and `soak_router.py` take 10-30 s and are `slow`.
 """
 
 from __future__ import annotations
@@ -181,6 +182,18 @@ SCRIPTS = [
         {
             "sample": "t_s rss_mb finished",
             "growth": "second_half_growth_mb growth_per_trajectory_kb whole_run_growth_mb",
+        },
+        marks=(pytest.mark.slow,),
+    ),
+    Script(
+        "bench_rose_served",
+        ("--lent", "0,4", "--groups", "1", "--time-scale", "0.02"),
+        {
+            "served": (
+                "lent_gpus trajectories rollout_s sim_rollout_s served_over_simulated moved "
+                "serving_ended ttft_attainment tpot_attainment sim_ttft_attainment "
+                "sim_tpot_attainment"
+            )
         },
         marks=(pytest.mark.slow,),
     ),
