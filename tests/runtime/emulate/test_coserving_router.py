@@ -20,6 +20,7 @@ from loom.runtime.rollout import BackgroundRouter, EngineConfig, RolloutServerCo
 SPEC = "qwen3-8b@h800"
 SERVING = "qwen2.5-7b"
 SCALE = "0.05"
+N = 6000  # rollout tokens a turn: it runs seconds of wall time, through the burst
 
 
 def test_a_serving_burst_reclaims_lent_pages_and_the_router_moves_the_turns() -> None:
@@ -48,7 +49,7 @@ def test_a_serving_burst_reclaims_lent_pages_and_the_router_moves_the_turns() ->
         prompts = [[11 + i] * 30_000 for i in range(8)]
 
         def rollout(i: int) -> dict:
-            body = {"prompt": prompts[i], "max_tokens": 3000, "ignore_eos": True}
+            body = {"prompt": prompts[i], "max_tokens": N, "ignore_eos": True}
             headers = {"X-Trajectory-Id": f"t{i}"}
             resp = http.post(
                 "/v1/completions", json={**body, "return_token_ids": True}, headers=headers
@@ -57,25 +58,29 @@ def test_a_serving_burst_reclaims_lent_pages_and_the_router_moves_the_turns() ->
             return resp.json()["choices"][0]
 
         def serving(i: int) -> int:
-            body = {"model": SERVING, "prompt": [3] * 4000, "max_tokens": 400}
+            # long decodes, so that the burst's requests hold their pages at once however
+            # slowly a loaded machine sends them: more than the rollout leaves free
+            body = {"model": SERVING, "prompt": [3] * 4000, "max_tokens": 2000}
             return side.post("/v1/completions", json=body).status_code
 
-        with ThreadPoolExecutor(8) as turns, ThreadPoolExecutor(64) as burst:
+        with ThreadPoolExecutor(8) as turns, ThreadPoolExecutor(96) as burst:
             futures = [turns.submit(rollout, i) for i in range(8)]
             while http.get("/v1/stats").json()["pools"]["lent"]["running"] < 4:
                 assert time.monotonic() < deadline + 60, "the lent engine never took turns"
                 time.sleep(0.05)
             pools = http.get("/v1/stats").json()["pools"]
             assert pools["dedicated"]["running"] == 4 and pools["lent"]["running"] == 4
-            served = list(burst.map(serving, range(150)))
+            served = list(burst.map(serving, range(192)))
             outs = [f.result(300) for f in futures]
-        assert served == [200] * 150
+        assert served == [200] * 192
         for i, out in enumerate(outs):  # whole, as if never moved
             assert out["finish_reason"] == "length"
-            assert out["token_ids"] == generate(prompts[i], 3000, ignore_eos=True).tokens
+            assert out["token_ids"] == generate(prompts[i], N, ignore_eos=True).tokens
         stats = http.get("/v1/stats").json()
         coserve = side.get("/loom/coserve").json()
-        assert coserve["reclaimed"] >= 1 and stats["policy"]["reclaimed"] == coserve["reclaimed"]
+        # every turn the engine took off its GPU (for serving, or stalled 2 s there) moved
+        assert coserve["reclaimed"] >= 1
+        assert stats["policy"]["reclaimed"] == coserve["reclaimed"] + coserve["stalled"]
         assert stats["policy"]["aborted"] == 0  # no client heard an abort
         assert set(stats["pools"]) == {"dedicated", "lent"}
         assert stats["pools"]["lent"]["engines"] == stats["pools"]["dedicated"]["engines"] == 1

@@ -19,7 +19,7 @@ COUNTS = {
     "migrations": "trajectories whose home engine moved",
     "failovers": "turns resumed elsewhere after an engine failed",
     "stalls": "turns a lent engine stopped advancing (moved elsewhere)",
-    "reclaimed": "turns a lent engine took off its GPU for serving (moved elsewhere)",
+    "reclaimed": "turns a lent engine took off its GPU itself, for serving (moved elsewhere)",
     "held": "turns that waited in the central queue",
     "declared": "trajectories declared in a batch",
     "finished": "trajectories ended",
