@@ -10,8 +10,8 @@ own: `tests/runtime/engine/test_weight_sync.py`, `test_kv_connector.py`,
 smallest; `loom.bench.continuous` is tested in `test_bench_continuous.py`).
 `bench_host_device_copy.py` needs CUDA (`gpu`). `bench_rollout_runtime.py` has a test of its
 own. `bench_rollmux.py` (`--quick` still builds 2,000 jobs), `bench_cluster_service.py` (two
-worker-process groups to start), `bench_rose_served.py` (emulated engines, about 30 s at its
-smallest) and `soak_router.py` take 10-30 s and are `slow`.
+worker-process groups to start), `bench_rose_served.py` (twenty emulated engines to start,
+about a minute at its smallest) and `soak_router.py` take 10-60 s and are `slow`.
 """
 
 from __future__ import annotations
