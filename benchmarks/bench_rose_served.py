@@ -4,8 +4,8 @@ model (`loom serve engine --emulate ... --coserve`, PD roles 1:3), with the serv
 replayed against the lent engines meanwhile (`loom.bench.serving_load`); the simulator's
 `RoseRollout` on the same batch and serving window beside each.
 
-    python benchmarks/bench_rose_served.py [--lent 0,4,8,16] [--groups 16] [--time-scale 0.1]
-        [--seed 1] [--json PATH]
+    python benchmarks/bench_rose_served.py [--lent 0,4,8,16] [--dedicated 8] [--groups 16]
+        [--time-scale 0.2] [--seed 1] [--json PATH]
 
 Per number of lent GPUs: the rollout time (emulated seconds: wall / time scale), the serving
 requests that ended during it and the shares within the TTFT and TPOT SLOs, the turns the
@@ -166,15 +166,20 @@ async def _served(
     return out
 
 
-def bench(lent: int, groups: int, scale: float, seed: int) -> dict[str, Any]:
+def bench(lent: int, groups: int, scale: float, seed: int, dedicated: int = 8) -> dict[str, Any]:
     from loom.experiments import rose_steps as steps
     from loom.sim.workloads.rose import ROSE_WORKLOADS
 
-    wl = ROSE_WORKLOADS["8b"]
+    wl = replace(ROSE_WORKLOADS["8b"], rollout_gpus=dedicated)
     specs = list(wl.sample(0, n_groups=groups))
     rps = steps.serving_rate(wl, lent)
     day = steps._day(rps, 1.0, seed) if rps > 0 else None
-    row: dict[str, Any] = {"record": "served", "lent_gpus": lent, "trajectories": len(specs)}
+    row: dict[str, Any] = {
+        "record": "served",
+        "lent_gpus": lent,
+        "dedicated_gpus": dedicated,
+        "trajectories": len(specs),
+    }
     row["serving_rps"] = rps
     row.update(
         serving_ended=0,
@@ -196,14 +201,17 @@ def bench(lent: int, groups: int, scale: float, seed: int) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lent", default="0,4,8,16")
+    parser.add_argument(
+        "--dedicated", type=int, default=8, help="the job's own GPUs (§6: 8 for Qwen3-8B)"
+    )
     parser.add_argument("--groups", type=int, default=16, help="groups of 16 trajectories")
-    parser.add_argument("--time-scale", type=float, default=0.1)
+    parser.add_argument("--time-scale", type=float, default=0.2)
     parser.add_argument("--seed", type=int, default=1, help="the serving day's")
     add_json_option(parser)
     args = parser.parse_args()
     rows = []
     for lent in (int(x) for x in args.lent.split(",")):
-        r = bench(lent, args.groups, args.time_scale, args.seed)
+        r = bench(lent, args.groups, args.time_scale, args.seed, args.dedicated)
         rows.append(r)
         alone = (
             f", alone {r['alone_ttft_attainment']:.3f} / {r['alone_tpot_attainment']:.3f}"

@@ -10,8 +10,8 @@ own: `tests/runtime/engine/test_weight_sync.py`, `test_kv_connector.py`,
 smallest; `loom.bench.continuous` is tested in `test_bench_continuous.py`).
 `bench_host_device_copy.py` needs CUDA (`gpu`). `bench_rollout_runtime.py` has a test of its
 own. `bench_rollmux.py` (`--quick` still builds 2,000 jobs), `bench_cluster_service.py` (two
-worker-process groups to start), `bench_rose_served.py` (twenty emulated engines to start,
-about a minute at its smallest) and `soak_router.py` take 10-60 s and are `slow`.
+worker-process groups to start), `bench_rose_served.py` (nine emulated engines to start) and
+`soak_router.py` take 10-30 s and are `slow`.
 """
 
 from __future__ import annotations
@@ -187,7 +187,7 @@ SCRIPTS = [
     ),
     Script(
         "bench_rose_served",
-        ("--lent", "0,4", "--groups", "1", "--time-scale", "0.02"),
+        ("--lent", "4", "--dedicated", "1", "--groups", "1", "--time-scale", "0.02"),
         {
             "served": (
                 "lent_gpus trajectories rollout_s sim_rollout_s served_over_simulated moved "
