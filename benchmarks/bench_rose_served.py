@@ -89,6 +89,7 @@ async def _served(
     from loom.bench.replay import run_batch
     from loom.bench.routers import ServedRouter
     from loom.experiments.rose_steps import DAY_OFFSET_S
+    from loom.proc.tether import Tethered
     from loom.runtime.emulate import EmulatedProcess
 
     batch = [
@@ -115,7 +116,8 @@ async def _served(
         serving = None
         if lent and rps > 0:
             urls = [f"--{role}={e.url}" for e, role in zip(lent_engines, roles, strict=True)]
-            serving = subprocess.Popen(
+            # tethered: a benchmark killed by SIGKILL leaves no replay running
+            serving = Tethered(
                 [sys.executable, "-m", "loom.bench.serving_load", *urls,
                  "--model", wl.serving_model, "--rps", repr(rps), "--seed", str(seed),
                  "--offset-s", repr(DAY_OFFSET_S), "--horizon-s", repr(horizon_s),
