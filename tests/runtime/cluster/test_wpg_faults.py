@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,6 +22,7 @@ pytest.importorskip("torch")
 from cluster_procs import descendants, gone, wait_gone
 
 from loom.core.errors import ConfigError
+from loom.runtime.cluster import wpg
 from loom.runtime.cluster.wpg import (
     GroupBroken,
     RankFailed,
@@ -95,6 +97,26 @@ def test_a_rank_that_exits_mid_operation_is_named(tmp_path: Path) -> None:
         pytest.raises(GroupBroken, match=r"rank 0 \(pid \d+\) exited \(13\)"),
     ):
         g.run("inject_fault", {"rank": 0, "action": "exit"})
+
+
+def test_an_exit_is_named_even_when_the_survivors_error_is_read_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 0 exits inside the all-reduce; rank 1 then raises (gloo: "connection reset by
+    peer"). Whichever the parent reads first, the cause it names is the exit: here rank 0's
+    end is hidden from the parent until rank 1 has answered."""
+    real_wait = wpg.wait_ready
+    with group(tmp_path, "exits-late") as g:
+        first = g._conns[0]
+
+        def survivor_first(conns: list[Any], timeout: float) -> list[Any]:
+            if first in conns and len(conns) > 1:  # rank 1 has not answered yet
+                return [c for c in real_wait(conns[1:], timeout)]
+            return real_wait(conns, timeout)
+
+        monkeypatch.setattr(wpg, "wait_ready", survivor_first)
+        with pytest.raises(GroupBroken, match=r"rank 0 \(pid \d+\) exited \(13\).*rank 1: "):
+            g.run("inject_fault", {"rank": 0, "action": "exit"}, timeout_s=60)
 
 
 PARENT = """

@@ -121,6 +121,7 @@ class WorkerGroupConfig:
     gpu_base: int = 0  # rank r holds the node's GPU gpu_base + r
     start_offloaded: bool = False  # its state is on the sidecar already (a migration)
     settle_s: float = 10.0  # after a rank raised, how long the others have to answer
+    peer_grace_s: float = 1.0  # ... and to be seen dead, if their death is why it raised
     faults: bool = False  # accept FAULT_OP (tests: a rank raises, hangs or exits)
 
     def __post_init__(self) -> None:
@@ -128,6 +129,8 @@ class WorkerGroupConfig:
             raise ConfigError(f"dp must be >= 1, got {self.dp}")
         if self.settle_s < 0:
             raise ConfigError(f"settle_s must be >= 0, got {self.settle_s}")
+        if self.peer_grace_s < 0:
+            raise ConfigError(f"peer_grace_s must be >= 0, got {self.peer_grace_s}")
         parse_model(self.model)  # (a ConfigError saying why it cannot be one)
 
     def model_ref(self) -> ModelRef:
@@ -347,12 +350,19 @@ class WorkerGroup(OneAtATime):
 
     def death(self) -> str | None:
         """Which rank is gone and how, or None while every rank lives."""
-        for rank, p in enumerate(self._procs):
-            code = p.poll()
-            if code is not None:
-                how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited ({code})"
-                return f"rank {rank} (pid {p.pid}) {how}"
+        for rank in range(len(self._procs)):
+            ended = self._ended(rank)
+            if ended is not None:
+                return ended
         return None if self._procs else "its ranks are stopped"
+
+    def _ended(self, rank: int) -> str | None:
+        p = self._procs[rank]
+        code = p.poll()
+        if code is None:
+            return None
+        how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited ({code})"
+        return f"rank {rank} (pid {p.pid}) {how}"
 
     def state_intact(self) -> bool:
         """Whether the node's sidecar holds this group's whole state offloaded (what a
@@ -409,6 +419,11 @@ class WorkerGroup(OneAtATime):
                     ) from None
                 pending.discard(rank)
                 if msg.get("error"):  # fail now: the others may wait in a collective for it
+                    gone = self._peer_death(pending, self.config.peer_grace_s)
+                    if gone is not None:  # its error is the collective losing that rank
+                        raise GroupBroken(
+                            f"{name}: {gone} during {op} (rank {rank}: {msg['error']})"
+                        )
                     still = f" (ranks {sorted(pending)} had not answered)" if pending else ""
                     raise RankFailed(
                         f"{name} {op}: rank {rank}: {msg['error']}{still}", frozenset(pending)
@@ -424,6 +439,21 @@ class WorkerGroup(OneAtATime):
                         f"(ranks {sorted(pending)} had not answered)"
                     )
         return [replies[r] for r in range(len(self._conns))]
+
+    def _peer_death(self, ranks: set[int], grace_s: float) -> str | None:
+        """How one of `ranks` died, if one does within `grace_s`: a rank whose peer exits
+        mid-collective raises too (gloo's "connection reset"), often before the parent sees
+        the exit, and the exit is the cause to name."""
+        deadline = time.monotonic() + grace_s
+        while ranks:
+            for rank in sorted(ranks):
+                ended = self._ended(rank)
+                if ended is not None:
+                    return ended
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        return None
 
     def _settle(self, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
