@@ -13,9 +13,11 @@ managed state without a switch (§4.5.3), while other jobs run on the group. Mov
 to another group (`migrate`, or a repack that picks another group) offloads it, mirrors its
 state to the new node's sidecar and starts its ranks there with their state waiting.
 
-One asyncio loop owns the policy objects; a WPG call blocks, so it runs in a thread. Every
-accepted operation reaches a terminal state: succeeded, failed (its error says why), or
-cancelled when its job is deleted or the service stops.
+The decisions are `core.ClusterCore`'s (`handle(event, now) -> commands`); this driver turns
+requests, worker-group replies and its watchdog into events and carries out the commands, one
+flow of steps per node group at a time (under the group's lock). A WPG call blocks, so it runs
+in a thread. Every accepted operation reaches a terminal state: succeeded, failed (its error
+says why), or cancelled when its job is deleted or the service stops.
 
 No operation runs forever and no broken deployment holds up another. Each operation runs
 under a deadline (`DeadlinePolicy`: a multiple of its measured or profiled duration, with a
@@ -31,23 +33,31 @@ its state instead of asking its ranks to offload. A watchdog finds ranks that di
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from loom.cluster.faults import DeadlinePolicy, Recovery, RecoveryAction, RecoveryPolicy
-from loom.cluster.plexrl.group import Dispatch, GroupScheduler
-from loom.cluster.plexrl.hrrs import OP_POLICIES, Op, OpPolicyKind
-from loom.cluster.plexrl.placement import JobPlacement, PlacementConfig, PlexPlacement
-from loom.cluster.plexrl.timeline import HORIZON_SLOTS, Footprint, Timeline
+from loom.cluster.faults import DeadlinePolicy, RecoveryPolicy
+from loom.cluster.plexrl.group import GroupScheduler
+from loom.cluster.plexrl.hrrs import OpPolicyKind
+from loom.cluster.plexrl.placement import JobPlacement
+from loom.cluster.plexrl.timeline import Footprint
 from loom.core.errors import ConfigError, Conflict, NotFound, Unavailable
+from loom.runtime.cluster import events as ev
+from loom.runtime.cluster.core import (
+    ClusterCore,
+    CoreSettings,
+    Deployment,
+    DeploymentStatus,
+    OpRecord,
+    OpStatus,
+)
 from loom.runtime.cluster.launchers import Launcher, make_launcher
 from loom.runtime.cluster.models.ref import parse_model
 from loom.runtime.cluster.payloads import FAULT_OP
@@ -66,104 +76,47 @@ __all__ = [
     "Conflict",
     "DeploymentStatus",
     "NotFound",
+    "OpRecord",
     "OpStatus",
+    "Served",
     "Unavailable",
 ]
 
 log = logging.getLogger("loom.cluster")
 
 USER_OPS = tuple(o for o in OPS if o not in ("offload", "load", FAULT_OP))
-EWMA = 0.5  # weight of the newest measurement in a duration estimate
-
-
-class OpStatus(StrEnum):
-    QUEUED = "queued"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-    @property
-    def terminal(self) -> bool:
-        return self in (OpStatus.SUCCEEDED, OpStatus.FAILED, OpStatus.CANCELLED)
-
-
-class DeploymentStatus(StrEnum):
-    READY = "ready"  # its ranks run (its state resident or offloaded)
-    RECOVERING = "recovering"  # its ranks were torn down; being started again or failed
-    FAILED = "failed"  # torn down for good: its error says why (delete the job to go on)
 
 
 @dataclass
-class OpRecord:
-    op_id: int
-    deployment: str
-    job: str
-    kind: str
-    payload: dict[str, Any]
-    submitted_s: float
-    status: OpStatus = OpStatus.QUEUED
-    started_s: float | None = None
-    ended_s: float | None = None
-    setup_s: float = 0.0  # the switch paid before it
-    override_s: float | None = None  # the deadline its caller named
-    deadline_s: float | None = None  # how long it may run, set when it starts
-    result: dict[str, Any] | None = None
-    error: str | None = None
-    system: bool = False  # an offload or load the scheduler inserted
-    done: asyncio.Event = field(default_factory=asyncio.Event)
+class Served:
+    """A deployment as the driver holds it: the core's record and its worker group."""
 
-    def view(self) -> dict[str, Any]:
-        return {
-            "op_id": self.op_id,
-            "deployment": self.deployment,
-            "job": self.job,
-            "op": self.kind,
-            "status": self.status.value,
-            "submitted_s": self.submitted_s,
-            "started_s": self.started_s,
-            "ended_s": self.ended_s,
-            "setup_s": self.setup_s,
-            "deadline_s": self.deadline_s,
-            "result": self.result,
-            "error": self.error,
-            "system": self.system,
-        }
-
-
-@dataclass
-class Deployment:
-    id: str
-    job: str
-    model: str
-    role: str
-    group: int
+    dep: Deployment
     wpg: Workers  # its worker group, however its ranks run
-    seq: int = 0  # operations submitted (their order within the deployment)
-    placement: JobPlacement | None = None  # how PlexRL's placement put it there, if it did
+    model: str
     dp: int = 1
     seed: int = 0
     model_options: dict[str, Any] = field(default_factory=dict)
-    # NOTE: its state moves (offload, load, an offloaded checkpoint, a migration) one at a time
+    # NOTE: its worker group's I/O (a state move, a teardown, an offloaded checkpoint, a
+    # migration) one at a time
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    migrating: bool = False
-    deleting: bool = False
-    status: DeploymentStatus = DeploymentStatus.READY
-    error: str | None = None  # why it failed
-    restarts: int = 0  # its worker group started again from its offloaded state
     watched: bool = False  # the watchdog has a recovery of it under way
 
+    @property
+    def id(self) -> str:
+        return self.dep.id
+
     def view(self) -> dict[str, Any]:
-        placed = self.placement
+        dep, placed = self.dep, self.dep.placement
         return {
-            "id": self.id,
-            "job": self.job,
+            "id": dep.id,
+            "job": dep.job,
             "model": self.model,
-            "role": self.role,
-            "status": self.status.value,
-            "error": self.error,
-            "restarts": self.restarts,
-            "group": self.group,
+            "role": dep.id.split(":", 1)[1],
+            "status": dep.status.value,
+            "error": dep.error,
+            "restarts": dep.restarts,
+            "group": dep.group,
             "dp": self.wpg.config.dp,
             "ops_run": self.wpg.ops_run,
             "pids": self.wpg.pids,  # worker processes here (none on Ray)
@@ -213,10 +166,21 @@ class ClusterDriver:
         `faults`: accept the test-only `inject_fault` operation; `retain_ops`: finished
         operations remembered (with their results) for their callers to read, the oldest
         forgotten beyond it."""
-        if groups < 1:
-            raise ConfigError(f"groups must be >= 1, got {groups}")
         if gpus_per_group < 1:
             raise ConfigError(f"gpus_per_group must be >= 1, got {gpus_per_group}")
+        self.core = ClusterCore(
+            CoreSettings(
+                groups=groups,
+                policy=OpPolicyKind(policy),
+                default_exec_s=default_exec_s,
+                default_switch_s=default_switch_s,
+                settle_s=settle_s,
+                retain_ops=retain_ops,
+                known_ops=USER_OPS + ((FAULT_OP,) if faults else ()),
+                deadlines=deadlines or DeadlinePolicy(),
+                recovery=recovery or RecoveryPolicy(),
+            )
+        )
         self.gpus_per_group = gpus_per_group
         self.launcher = (
             launcher
@@ -231,58 +195,214 @@ class ClusterDriver:
                 on_node_lost=self._node_lost,
             )
         )
-        self._plans: list[list[str]] = [[] for _ in range(groups)]  # the last sent to each node
         self._migrating = asyncio.Lock()
         self.policy = OpPolicyKind(policy)
         self.state_dir = state_dir
         self.clock = clock
         self._t0 = clock()
-        self.deployments: dict[str, Deployment] = {}
-        self.ops: dict[int, OpRecord] = {}
-        if retain_ops < 1:
-            raise ConfigError(f"retain_ops must be >= 1, got {retain_ops}")
-        self._finished: collections.deque[int] = collections.deque()
-        self.retain_ops = retain_ops
-        self.forgotten = 0  # finished operations dropped beyond retain_ops
-        self._last_id = -1
-        self._exec: dict[tuple[str, str], float] = {}  # (deployment, op) -> seconds
-        self._measured: dict[tuple[str, str], float] = {}  # the same, from runs only
-        self._switch: dict[str, float] = {}  # deployment -> offload + load seconds
-        self.default_exec_s = default_exec_s
-        self.default_switch_s = default_switch_s
-        self.groups = [
-            GroupScheduler(OP_POLICIES.get(self.policy)(), self._setup_estimate)
-            for _ in range(groups)
-        ]
-        # PlexRL's placement over the node groups (one timeline node each): cold starts take a
-        # group of their own, profiled traces are fitted with a phase shift
-        self.placement = PlexPlacement(
-            Timeline(nodes=groups, horizon=HORIZON_SLOTS),
-            PlacementConfig(groups=tuple((g,) for g in range(groups)), duty_bound=1.0),
-        )
-        # NOTE: a group's devices hold one job's work at a time: every operation and every
-        # state move on a group runs under its lock (a new deployment's first offload too)
+        self.served: dict[str, Served] = {}
+        self._waiters: dict[int, asyncio.Event] = {}
+        # NOTE: a group's devices hold one job's work at a time: every flow of steps on a
+        # group (an operation's switch and run, a park, a recovery) runs under its lock
         self._locks = [asyncio.Lock() for _ in range(groups)]
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._closing = False
-        self.deadlines = deadlines or DeadlinePolicy()
-        self.recovery = recovery or RecoveryPolicy()
         self.settle_s, self.watch_s, self.faults = settle_s, watch_s, faults
         self._watchdog: asyncio.Task[None] | None = None
         self._nodes_lost: set[int] = set()  # groups whose dead sidecar is being dealt with
-        self.counts = {
-            "ops": 0,
-            "switches": 0,
-            "failed": 0,
-            "prefetched_bytes": 0,
-            "offloaded_checkpoints": 0,
-            "migrations": 0,
-            "restarts": 0,
-            "failed_deployments": 0,
-        }
+        self._prefetched = 0
+        self._parked: dict[str, str | None] = {}  # a park's outcome, for whoever asked it
 
     def now(self) -> float:
         return self.clock() - self._t0
+
+    # ---- what the core holds, read by the service and tests ----------------------------------
+    @property
+    def ops(self) -> dict[int, OpRecord]:
+        return self.core.ops
+
+    @property
+    def groups(self) -> list[GroupScheduler]:
+        return self.core.groups
+
+    @property
+    def deployments(self) -> dict[str, Served]:
+        return self.served
+
+    @property
+    def forgotten(self) -> int:
+        return self.core.forgotten
+
+    @property
+    def retain_ops(self) -> int:
+        return self.core.settings.retain_ops
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return self.core.counts | {"prefetched_bytes": self._prefetched}
+
+    # ---- carrying out the core's commands ----------------------------------------------------
+    async def _carry_out(self, cmds: list[ev.Command]) -> None:
+        """Carry out `cmds` in order; what a command's work ends in goes back to the core, and
+        the commands it answers with run next (before the rest of the list)."""
+        todo = deque(cmds)
+        while todo:
+            cmd = todo.popleft()
+            event = await self._do(cmd)
+            if event is not None:
+                todo.extendleft(reversed(self.core.handle(event, self.now())))
+
+    def _handle(self, event: ev.Event) -> list[ev.Command]:
+        """An event that no flow on a group caused (a submission, a deletion, shutdown): the
+        waiters it ends are woken and the work it starts runs in tasks of its own; the rest
+        (its answer, ranks to kill) is returned for the caller to carry out."""
+        rest: list[ev.Command] = []
+        for cmd in self.core.handle(event, self.now()):
+            if isinstance(cmd, ev.Ended):
+                self._wake(cmd.op_id)
+            elif isinstance(cmd, ev.Dispatch):
+                self._spawn(self._turn(cmd.group, cmd.op_id))
+            elif isinstance(cmd, ev.Checkpoint):
+                self._spawn(self._carry_out([cmd]))
+            else:
+                rest.append(cmd)
+        return rest
+
+    def _wake(self, op_id: int) -> None:
+        waiter = self._waiters.pop(op_id, None)
+        if waiter is not None:
+            waiter.set()
+
+    async def _do(self, cmd: ev.Command) -> ev.Event | None:
+        loop = asyncio.get_running_loop()
+        if isinstance(cmd, ev.Ended):
+            self._wake(cmd.op_id)
+        elif isinstance(cmd, ev.Dispatch):
+            self._spawn(self._turn(cmd.group, cmd.op_id))
+        elif isinstance(cmd, ev.Run):
+            return await self._run(cmd)
+        elif isinstance(cmd, ev.Checkpoint):
+            return await self._checkpoint(cmd)
+        elif isinstance(cmd, ev.Settle):
+            ok = await loop.run_in_executor(None, self.served[cmd.dep].wpg.settle, cmd.timeout_s)
+            return ev.Settled(cmd.dep, ok)
+        elif isinstance(cmd, ev.Teardown):
+            s = self.served[cmd.dep]
+            log.warning("tearing down %s's worker group: %s", cmd.dep, cmd.reason)
+            async with s.lock:
+                await loop.run_in_executor(None, s.wpg.kill)
+                intact = await loop.run_in_executor(None, s.wpg.state_intact)
+            return ev.TornDown(cmd.dep, intact)
+        elif isinstance(cmd, ev.Restart):
+            return await self._restart(self.served[cmd.dep])
+        elif isinstance(cmd, ev.Close):
+            s = self.served[cmd.dep]
+            close = functools.partial(s.wpg.close, keep_state=cmd.keep_state)
+            await loop.run_in_executor(None, close)
+            if s.dep.status is DeploymentStatus.FAILED:
+                log.error("deployment %s failed: %s", s.id, s.dep.error)
+        elif isinstance(cmd, ev.Kill):
+            await loop.run_in_executor(None, self.served[cmd.dep].wpg.kill)
+        elif isinstance(cmd, ev.Hint):
+            if cmd.kind == "prefetch":
+                self._spawn(self._hint(cmd))  # (while the operation runs)
+            else:
+                await self._hint(cmd)
+        elif isinstance(cmd, ev.ParkEnded):
+            self._parked[cmd.dep] = cmd.error
+        elif isinstance(cmd, ev.ForgetNode):
+            await self.launcher.forget_node(cmd.group)
+        else:  # ev.Accepted: the caller's answer, read where it was asked
+            assert isinstance(cmd, ev.Accepted), f"no way to carry out {cmd!r}"
+        return None
+
+    async def _run(self, cmd: ev.Run) -> ev.Event:
+        """Run an operation on a worker group within its deadline; how it ended."""
+        s = self.served[cmd.dep]
+        loop = asyncio.get_running_loop()
+        t0 = self.clock()
+        try:
+            async with s.lock:
+                result = await loop.run_in_executor(
+                    None, s.wpg.run, cmd.kind, cmd.payload, cmd.deadline_s
+                )
+        except GroupBroken as exc:
+            return ev.StepEnded(cmd.op_id, ev.Failed(str(exc), broken=True))
+        except RankFailed as exc:
+            return ev.StepEnded(cmd.op_id, ev.Failed(str(exc), pending=tuple(sorted(exc.pending))))
+        except (WorkerError, ConfigError) as exc:
+            return ev.StepEnded(cmd.op_id, ev.Failed(str(exc)))
+        except Exception as exc:  # every accepted operation ends, with what went wrong
+            log.exception("%s %s", cmd.dep, cmd.kind)
+            return ev.StepEnded(cmd.op_id, ev.Failed(f"{type(exc).__name__}: {exc}"))
+        return ev.StepEnded(cmd.op_id, ev.Ok(result, self.clock() - t0))
+
+    async def _checkpoint(self, cmd: ev.Checkpoint) -> ev.Event:
+        """A checkpoint from the state the sidecar holds: no switch, the group runs on."""
+        s = self.served[cmd.dep]
+        loop = asyncio.get_running_loop()
+        name = s.wpg.config.name
+        t0 = self.clock()
+        try:
+            async with s.lock:
+                out = await asyncio.wait_for(
+                    loop.run_in_executor(
+                        None, lambda: s.wpg.state("checkpoint", dep=name, path=cmd.path)
+                    ),
+                    cmd.deadline_s,
+                )
+        except TimeoutError:
+            error = f"save_ckpt ran past its deadline of {cmd.deadline_s:g} s"
+            return ev.StepEnded(cmd.op_id, ev.Failed(error))
+        except (StateError, WorkerError) as exc:
+            return ev.StepEnded(cmd.op_id, ev.Failed(str(exc)))
+        meta = out[0].pop("meta", {})
+        result = out[0] | {"step": meta.get("step"), "from": "offloaded state"}
+        return ev.StepEnded(cmd.op_id, ev.Ok(result, self.clock() - t0))
+
+    async def _restart(self, s: Served) -> ev.Event:
+        """Start a torn-down deployment's worker group again with its state waiting."""
+        loop = asyncio.get_running_loop()
+        async with s.lock:
+            try:
+                wpg = await self._launch(s, s.dep.group, start_offloaded=True)
+            except (WorkerError, StateError) as exc:
+                return ev.Restarted(s.id, str(exc))
+            old, s.wpg = s.wpg, wpg
+            await loop.run_in_executor(None, functools.partial(old.close, keep_state=True))
+        log.warning("%s started again from its offloaded state", s.id)
+        return ev.Restarted(s.id)
+
+    async def _hint(self, cmd: ev.Hint) -> None:
+        """A hint to the StateManager of a deployment's node (§4.5.1). A hint that fails costs
+        nothing but its benefit."""
+        s = self.served.get(cmd.dep)
+        if s is None:
+            return
+        loop = asyncio.get_running_loop()
+        try:
+            if cmd.kind == "plan":
+                names = [self.served[d].wpg.config.name for d in cmd.upcoming if d in self.served]
+                await loop.run_in_executor(None, lambda: s.wpg.state("plan", upcoming=names))
+            elif not s.lock.locked():
+                name = s.wpg.config.name
+                moved = await loop.run_in_executor(None, lambda: s.wpg.state("prefetch", dep=name))
+                self._prefetched += sum(moved)
+        except (StateError, WorkerError, OSError) as exc:
+            log.debug("state hint %s for %s: %s", cmd.kind, cmd.dep, exc)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _turn(self, group: int, op_id: int) -> None:
+        async with self._locks[group]:
+            await self._carry_out(self.core.handle(ev.Turn(group, op_id), self.now()))
+
+    async def _park(self, s: Served, *, recover: bool) -> str | None:
+        """Offload `s` to wait for its turn (the caller holds its group); why it could not."""
+        await self._carry_out(self.core.handle(ev.Park(s.id, recover), self.now()))
+        return self._parked.pop(s.id, None)
 
     # ---- deployments ------------------------------------------------------------------------
     async def create(
@@ -297,101 +417,72 @@ class ClusterDriver:
         trace: Footprint | None = None,
         estimates: dict[str, float] | None = None,
         model_options: dict[str, Any] | None = None,
-    ) -> Deployment:
+    ) -> Served:
         """Start a deployment of `model` (`models.parse_model`: "tiny", a local Hugging Face
         directory or a worker class `module:Class`, built with `model_options` as keywords).
-        `estimates`: profiled seconds per operation kind, HRRS's E
-        until the service has measured them. Its node group: `group` if named; else, with a
-        profiled `trace`, where PlexRL's placement fits it (§4.3.2, warm start); else a group of its
-        own (cold start) while one is free, and the least-shared group when none is."""
-        if self._closing:
+        `estimates`: profiled seconds per operation kind, HRRS's E until the service has
+        measured them. Its node group: `group` if named, else where the core places it."""
+        if self.core.closing:
             raise Conflict("the service is shutting down")
         ref = parse_model(model)  # (ConfigError: what it cannot be)
         options = dict(model_options or {})
         dep_id = f"{job_id}:{role}"
-        if dep_id in self.deployments:
+        if dep_id in self.served:
             raise Conflict(f"deployment {dep_id} exists already")
-        clash = [d.id for d in self.deployments.values() if d.wpg.config.name == _wpg_name(dep_id)]
+        clash = [d for d in self.served if _wpg_name(d) == _wpg_name(dep_id)]
         if clash:  # its state would be keyed like the other's on a node's sidecar
             raise Conflict(f"deployment {dep_id} would share its state's name with {clash[0]}")
-        if group is not None and not 0 <= group < len(self.groups):
-            raise ConfigError(f"no node group {group} (this service has {len(self.groups)})")
-        known = USER_OPS + ((FAULT_OP,) if self.faults else ())
+        known = self.core.settings.known_ops
         bad = sorted(k for k, v in (estimates or {}).items() if k not in known or not v >= 0)
         if bad:
             raise ConfigError(f"estimates for unknown operations or below 0 s: {bad}")
         self.launcher.check_layout(dp)
-        group, placed = self._place(dep_id, group, trace)
-        try:
-            wpg = await self._launch(dep_id, group, dp, seed, model=ref.target, options=options)
-        except ConfigError:  # its workers could not build the model as named
-            if placed is not None:
-                self.placement.release(dep_id)
-            raise
-        except (WorkerError, StateError) as exc:
-            if placed is not None:
-                self.placement.release(dep_id)
-            raise Unavailable(f"could not start {dep_id}'s worker processes: {exc}") from None
-        dep = Deployment(
-            dep_id,
-            job_id,
-            ref.target,
-            role,
-            group,
-            wpg,
-            placement=placed,
+        group, placed = self.core.place(dep_id, group, trace, self.now())
+        s = Served(
+            Deployment(dep_id, job_id, group, placement=placed),
+            wpg=None,  # type: ignore[arg-type]  # (until it has started)
+            model=ref.target,
             dp=dp,
             seed=seed,
             model_options=options,
         )
-        self.deployments[dep_id] = dep
-        for kind, secs in (estimates or {}).items():
-            self._exec[(dep_id, kind)] = float(secs)
+        try:
+            s.wpg = await self._launch(s, group)
+        except ConfigError:  # its workers could not build the model as named
+            self.core.release(dep_id)
+            raise
+        except (WorkerError, StateError) as exc:
+            self.core.release(dep_id)
+            raise Unavailable(f"could not start {dep_id}'s worker processes: {exc}") from None
+        self.served[dep_id] = s
         # a new deployment starts resident; if its group holds another or is busy, it waits
         # offloaded for its turn (one job's state on the group's devices at a time)
-        sched = self.groups[group]
-        if sched.resident is None and sched.running is None:
-            sched.resident = dep_id
-        else:
-            try:
-                async with self._locks[group]:
-                    await self._move(dep, "offload", group)
-            except WorkerError as exc:
-                del self.deployments[dep_id]
-                if placed is not None:
-                    self.placement.release(dep_id)
-                await asyncio.get_running_loop().run_in_executor(None, wpg.close)
-                raise Unavailable(
-                    f"{dep_id} could not wait offloaded for its turn: {exc}"
-                ) from None
+        if self.core.add(s.dep, estimates):
+            async with self._locks[group]:
+                error = await self._park(s, recover=False)
+            if error is not None:
+                del self.served[dep_id]
+                self.core.remove(dep_id)
+                await asyncio.get_running_loop().run_in_executor(None, s.wpg.close)
+                raise Unavailable(f"{dep_id} could not wait offloaded for its turn: {error}")
         log.info("deployment %s (dp %d) on node group %d", dep_id, dp, group)
         if self._watchdog is None and self.watch_s > 0:
             self._watchdog = asyncio.get_running_loop().create_task(self._watch())
-        return dep
+        return s
 
     def _node_lost(self, group: int, names: list[str]) -> None:
         """A group's state holder died and was started again: the plan it had is gone."""
-        self._plans[group] = []
+        self.core.plan_reset(group)
 
-    async def _launch(
-        self,
-        dep_id: str,
-        group: int,
-        dp: int,
-        seed: int,
-        *,
-        model: str,
-        options: dict[str, Any],
-        start_offloaded: bool = False,
-    ) -> Workers:
+    async def _launch(self, s: Served, group: int, *, start_offloaded: bool = False) -> Workers:
         """Start a deployment's worker group on `group`."""
-        name = _wpg_name(dep_id)
+        name = _wpg_name(s.id)
         cfg = WorkerGroupConfig(
             name=name,
-            dp=dp,
-            seed=seed,
-            model=model,
-            model_options=options,
+            dp=s.dp,
+            seed=s.seed,
+            model=s.model,
+            model_options=s.model_options,
             state_dir=None if self.state_dir is None else self.state_dir / name,
             start_offloaded=start_offloaded,
             settle_s=self.settle_s,
@@ -399,161 +490,83 @@ class ClusterDriver:
         )
         return await self.launcher.launch(cfg, group)
 
-    def _place(
-        self, dep_id: str, group: int | None, trace: Footprint | None
-    ) -> tuple[int, JobPlacement | None]:
-        self.placement.timeline.advance(int(self.now()))
-        if group is not None:
-            return group, None
-        placed = (
-            self.placement.place(dep_id, trace)
-            if trace is not None
-            else self.placement.cold_start(dep_id, nodes=1)
-        )
-        if placed is not None:
-            return placed.group, placed
-        loads = [
-            sum(1 for d in self.deployments.values() if d.group == g)
-            for g in range(len(self.groups))
-        ]
-        return loads.index(min(loads)), None  # NOTE: shared unplaced, rather than refused
+    def _ready(self, dep_id: str) -> Served:
+        self.core.ready(dep_id)  # (NotFound, Conflict: why it is not)
+        return self.served[dep_id]
 
-    async def repack(self, dep_id: str, trace: Footprint) -> Deployment:
+    async def repack(self, dep_id: str, trace: Footprint) -> Served:
         """A deployment's cycle is profiled (§4.3.2: cold start, then repacking): place it
         from its trace. If its node group changes, its state leaves the old group's devices
         and its later operations queue on the new group."""
-        dep = self._ready(dep_id)
-        old = self.groups[dep.group]
-        if any(o.job == dep_id for o in old.queue) or (
-            old.running is not None and old.running.job == dep_id
-        ):
+        s = self._ready(dep_id)
+        if self.core.busy(dep_id):
             raise Conflict(f"{dep_id} has operations queued or running: repack it between steps")
-        self.placement.timeline.advance(int(self.now()))
-        if self.placement.group_of(dep_id) is not None:
-            placed = self.placement.repack(dep_id, trace)
+        placement = self.core.placement
+        placement.timeline.advance(int(self.now()))
+        placed: JobPlacement | None
+        if placement.group_of(dep_id) is not None:
+            placed = placement.repack(dep_id, trace)
         else:
-            placed = self.placement.place(dep_id, trace)
+            placed = placement.place(dep_id, trace)
         if placed is None:
-            return dep  # nothing fits: it stays where it is
-        dep.placement = placed
-        if placed.group != dep.group:
+            return s  # nothing fits: it stays where it is
+        s.dep.placement = placed
+        if placed.group != s.dep.group:
             await self.migrate(dep_id, placed.group)
-        return dep
+        return s
 
-    async def migrate(self, dep_id: str, group: int) -> Deployment:
+    async def migrate(self, dep_id: str, group: int) -> Served:
         """Move a deployment to node group `group` (§4.5.3): offload it, mirror its state to
         that node's sidecar, start its ranks there with their state waiting, and stop the old
         ones (whose sidecar then forgets it). On Ray a group is a label over Ray's nodes: the
         deployment's actors and their node sidecars stay, its operations queue on `group`."""
-        dep = self._ready(dep_id)
+        s = self._ready(dep_id)
         if not 0 <= group < len(self.groups):
             raise ConfigError(f"no node group {group} (this service has {len(self.groups)})")
-        if group == dep.group:
-            return dep
-        old = self.groups[dep.group]
-        if (
-            dep.migrating
-            or any(o.job == dep_id for o in old.queue)
-            or (old.running is not None and old.running.job == dep_id)
-        ):
+        if group == s.dep.group:
+            return s
+        if self.core.busy(dep_id):
             raise Conflict(f"{dep_id} has operations queued or running: move it between steps")
-        dep.migrating = True  # NOTE: no operation is accepted for it until it has landed
+        s.dep.migrating = True  # NOTE: no operation is accepted for it until it has landed
         try:
             async with self._migrating:  # one at a time: two nodes never wait on each other
-                await self._migrate(dep, group)
+                await self._migrate(s, group)
         finally:
-            dep.migrating = False
-        self.counts["migrations"] += 1
+            s.dep.migrating = False
         log.info("deployment %s moved to node group %d", dep_id, group)
-        return dep
+        return s
 
-    async def _migrate(self, dep: Deployment, group: int) -> None:
-        old = self.groups[dep.group]
-        async with self._locks[dep.group]:
-            try:
-                if old.resident == dep.id:
-                    await self._move(dep, "offload", dep.group)
-            except GroupBroken as exc:
-                await self._recover(dep, f"its offload (to move it) failed: {exc}")
-                raise Unavailable(f"could not offload {dep.id} to move it: {exc}") from None
-            except WorkerError as exc:
-                raise Unavailable(f"could not offload {dep.id} to move it: {exc}") from None
+    async def _migrate(self, s: Served, group: int) -> None:
+        async with self._locks[s.dep.group]:
+            error = await self._park(s, recover=True)
+        if error is not None:
+            raise Unavailable(f"could not offload {s.id} to move it: {error}")
         if self.launcher.moves_state:
             loop = asyncio.get_running_loop()
-            name = dep.wpg.config.name
-            async with dep.lock:
+            name = s.wpg.config.name
+            async with s.lock:
                 try:
-                    await self.launcher.mirror(name, dep.group, group)
-                    wpg = await self._launch(
-                        dep.id,
-                        group,
-                        dep.dp,
-                        dep.seed,
-                        model=dep.model,
-                        options=dep.model_options,
-                        start_offloaded=True,
-                    )
+                    await self.launcher.mirror(name, s.dep.group, group)
+                    wpg = await self._launch(s, group, start_offloaded=True)
                 except (WorkerError, StateError, OSError) as exc:
                     await self.launcher.unmirror(name, group)  # nothing half-moved stays there
-                    raise Unavailable(f"could not move {dep.id} to group {group}: {exc}") from None
-                old_wpg, dep.wpg = dep.wpg, wpg
+                    raise Unavailable(f"could not move {s.id} to group {group}: {exc}") from None
+                old_wpg, s.wpg = s.wpg, wpg
                 await loop.run_in_executor(None, old_wpg.close)  # the old node forgets it
-        dep.group = group
-
-    async def _move(self, dep: Deployment, kind: str, group: int) -> None:
-        """Offload or load `dep`'s state (an operation of its own in the records). Raises
-        `GroupBroken` if its group must be torn down, `WorkerError` if the move was refused
-        (the group holds what it held)."""
-        payload = {"tier": "host"} if kind == "offload" else {}
-        rec = OpRecord(self._new_id(), dep.id, dep.job, kind, payload, self.now(), system=True)
-        self.ops[rec.op_id] = rec
-        async with dep.lock:
-            err = await self._execute(dep, rec)
-            if err is not None:
-                broken = await self._broken(dep, err)
-                if broken is not None:
-                    raise GroupBroken(f"{kind} of {dep.id}: {broken}")
-                raise WorkerError(f"{kind} of {dep.id} failed: {rec.error}")
-        if kind == "offload" and self.groups[group].resident == dep.id:
-            self.groups[group].resident = None
+        self.core.moved(s.id, group)
 
     async def delete_job(self, job_id: str) -> list[str]:
         """Stop a job's deployments: queued operations cancelled, a running one's ranks
         killed (it is cancelled too: a deleted job never holds its group), state dropped."""
-        gone = [d for d in self.deployments.values() if d.job == job_id]
-        if not gone:
-            raise NotFound(f"no deployment of job {job_id!r}")
-        if any(d.migrating for d in gone):
-            raise Conflict(f"a deployment of {job_id} is moving: delete it when it has landed")
-        loop = asyncio.get_running_loop()
-        for dep in gone:
-            dep.deleting = True
-            sched = self.groups[dep.group]
-            for op in sched.withdraw(dep.id):
-                self._end(self.ops[op.op_id], OpStatus.CANCELLED, error=f"job {job_id} was deleted")
-            if sched.running is not None and sched.running.job == dep.id:
-                await loop.run_in_executor(None, dep.wpg.kill)
-            while sched.running is not None and sched.running.job == dep.id:
+        await self._carry_out(self._handle(ev.DeleteJob(job_id)))
+        gone = [s for s in self.served.values() if s.dep.job == job_id]
+        for s in gone:
+            while self.core.running_on(s.id):
                 await asyncio.sleep(0.01)  # its running operation ends (its ranks are gone)
-            async with dep.lock:  # (a recovery or a checkpoint of it ends first)
-                if sched.resident == dep.id:
-                    sched.resident = None
-                if self.placement.group_of(dep.id) is not None:
-                    self.placement.release(dep.id)
-                await loop.run_in_executor(None, dep.wpg.close)
-            self.deployments.pop(dep.id, None)
-        return [d.id for d in gone]
-
-    def _ready(self, dep_id: str) -> Deployment:
-        dep = self.deployments.get(dep_id)
-        if dep is None or dep.deleting:
-            raise NotFound(f"no deployment {dep_id!r}")
-        if dep.status is DeploymentStatus.FAILED:
-            raise Conflict(
-                f"deployment {dep_id} failed: {dep.error}. Delete job {dep.job} to free its "
-                "name, then create it again"
-            )
-        return dep
+            async with s.lock:  # (a recovery or a checkpoint of it ends first)
+                await self._carry_out(self.core.handle(ev.Forget(s.id), self.now()))
+            self.served.pop(s.id, None)
+        return [s.id for s in gone]
 
     # ---- operations -------------------------------------------------------------------------
     def submit(
@@ -566,308 +579,21 @@ class ClusterDriver:
     ) -> OpRecord:
         """Queue an operation. Its payload is checked against the deployment's model first
         (ConfigError saying what is wrong); `deadline_s` overrides how long it may run."""
-        if self._closing:
+        if self.core.closing:
             raise Conflict("the service is shutting down")
-        dep = self._ready(dep_id)
-        known = USER_OPS + ((FAULT_OP,) if self.faults else ())
-        if kind not in known:
-            raise ConfigError(f"unknown operation {kind!r}; known: {', '.join(USER_OPS)}")
-        if deadline_s is not None and not deadline_s > 0:
-            raise ConfigError(f"deadline_s must be > 0, got {deadline_s}")
-        if dep.migrating:
-            raise Conflict(f"{dep_id} is moving to another node group: call again when it has")
-        dep.wpg.check(kind, payload)
-        rec = OpRecord(self._new_id(), dep_id, dep.job, kind, payload, self.now())
-        rec.override_s = deadline_s
-        self.ops[rec.op_id] = rec
-        if kind == "save_ckpt" and self._offloaded_and_idle(dep):
-            self._spawn(self._checkpoint_offloaded(dep, rec))
-            self.counts["ops"] += 1
-            return rec
-        exec_s = self._exec.get((dep_id, kind), self.default_exec_s)
-        self.groups[dep.group].submit(Op(rec.op_id, dep_id, rec.submitted_s, exec_s, dep.seq))
-        dep.seq += 1
-        self.counts["ops"] += 1
-        self._pump(dep.group)
-        return rec
+        s = self._ready(dep_id)
+        if kind in self.core.settings.known_ops:
+            s.wpg.check(kind, payload)
+        cmds = self._handle(ev.Submit(dep_id, kind, payload, deadline_s))
+        accepted = next(c for c in cmds if isinstance(c, ev.Accepted))
+        return self.core.ops[accepted.op_id]
 
-    def _deadline(self, dep: Deployment, kind: str, override_s: float | None) -> float:
-        """How long an operation of `kind` may run: from its measured duration once it has
-        run, else the deployment's estimate, else the service's default."""
-        key = (dep.id, kind)
-        default = self.default_switch_s if kind in ("offload", "load") else self.default_exec_s
-        expected = self._measured.get(key, self._exec.get(key, default))
-        return self.deadlines.deadline_s(expected, override_s)
-
-    def _offloaded_and_idle(self, dep: Deployment) -> bool:
-        sched = self.groups[dep.group]
-        return (
-            dep.status is DeploymentStatus.READY
-            and sched.resident != dep.id
-            and not (sched.running is not None and sched.running.job == dep.id)
-            and not any(o.job == dep.id for o in sched.queue)
-            and not dep.lock.locked()
-        )
-
-    async def _checkpoint_offloaded(self, dep: Deployment, rec: OpRecord) -> None:
-        """A checkpoint from the state the sidecar holds: no switch, the group runs on."""
-        rec.status, rec.started_s = OpStatus.RUNNING, self.now()
-        rec.deadline_s = self._deadline(dep, rec.kind, rec.override_s)
-        loop = asyncio.get_running_loop()
-        name = dep.wpg.config.name
-        try:
-            async with dep.lock:
-                out = await asyncio.wait_for(
-                    loop.run_in_executor(
-                        None,
-                        lambda: dep.wpg.state("checkpoint", dep=name, path=rec.payload["path"]),
-                    ),
-                    rec.deadline_s,
-                )
-        except TimeoutError:
-            self.counts["failed"] += 1
-            error = f"save_ckpt ran past its deadline of {rec.deadline_s:g} s"
-            self._end(rec, OpStatus.FAILED, error=error)
-            return
-        except (StateError, WorkerError) as exc:
-            self.counts["failed"] += 1
-            self._end(rec, OpStatus.FAILED, error=str(exc))
-            return
-        meta = out[0].pop("meta", {})
-        rec.result = out[0] | {"step": meta.get("step"), "from": "offloaded state"}
-        self.counts["offloaded_checkpoints"] += 1
-        self._end(rec, OpStatus.SUCCEEDED)
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    def _pump(self, group: int) -> None:
-        if self._closing:
-            return
-        d = self.groups[group].next(self.now())  # (none while one runs)
-        if d is None:
-            return
-        self._spawn(self._run(group, d))
-
-    def _live(self, dep_id: str | None) -> Deployment | None:
-        dep = self.deployments.get(dep_id) if dep_id is not None else None
-        ok = dep is not None and dep.status is DeploymentStatus.READY and not dep.deleting
-        return dep if ok else None
-
-    async def _hint(self, dep: Deployment, kind: str, upcoming: Sequence[str] = ()) -> None:
-        """A hint to the StateManager of `dep`'s node (§4.5.1): the group's `plan` (the
-        deployments in the order they will run: eviction reads it), or `prefetch` of `dep`'s
-        state to host ahead of its switch. A hint that fails costs nothing but its benefit."""
-        loop = asyncio.get_running_loop()
-        try:
-            if kind == "plan":
-                names = [self.deployments[d].wpg.config.name for d in upcoming]
-                await loop.run_in_executor(None, lambda: dep.wpg.state("plan", upcoming=names))
-            elif not dep.lock.locked():
-                name = dep.wpg.config.name
-                moved = await loop.run_in_executor(
-                    None, lambda: dep.wpg.state("prefetch", dep=name)
-                )
-                self.counts["prefetched_bytes"] += sum(moved)
-        except (StateError, WorkerError, OSError) as exc:
-            log.debug("state hint %s for %s: %s", kind, dep.id, exc)
-
-    async def _run(self, group: int, d: Dispatch) -> None:
-        rec = self.ops[d.op.op_id]
-        sched = self.groups[group]
-        try:
-            async with self._locks[group]:
-                dep = self.deployments.get(rec.deployment)
-                if dep is None or dep.deleting or dep.status is DeploymentStatus.FAILED:
-                    # (it failed or went while this waited: its switch never happens)
-                    if d.load is not None:
-                        sched.resident = d.offload if self._live(d.offload) else None
-                    if dep is not None and dep.status is DeploymentStatus.FAILED:
-                        self._end(rec, OpStatus.FAILED, error=f"{dep.id} failed: {dep.error}")
-                    else:
-                        self._end(rec, OpStatus.CANCELLED, error="its deployment is gone")
-                    return
-                await self._switch_and_execute(group, d, dep, rec)
-        finally:
-            sched.done(d.op.op_id)
-            self._pump(group)
-
-    async def _switch_and_execute(
-        self, group: int, d: Dispatch, dep: Deployment, rec: OpRecord
-    ) -> None:
-        sched = self.groups[group]
-        upcoming = [j for j in sched.upcoming if self._live(j) is not None]
-        if upcoming != self._plans[group]:  # the switch's eviction follows it
-            self._plans[group] = upcoming
-            await self._hint(dep, "plan", upcoming=upcoming)
-        if d.offload is not None or d.load is not None:
-            t0 = self.clock()
-            if not await self._switch_to(group, d.offload, dep, rec):
-                return
-            self._learn_switch(dep.id, self.clock() - t0)
-            rec.setup_s = self.clock() - t0
-            self.counts["switches"] += 1
-        other = self._live(next((j for j in upcoming if j != dep.id), None))
-        if other is not None:  # the next switch's state comes up while this operation runs
-            self._spawn(self._hint(other, "prefetch"))
-        err = await self._execute(dep, rec)
-        if err is not None and not dep.deleting:
-            broken = await self._broken(dep, err)
-            if broken is not None:
-                await self._recover(dep, broken)
-
-    async def _switch_to(
-        self, group: int, old_id: str | None, dep: Deployment, rec: OpRecord
-    ) -> bool:
-        """Offload the resident deployment and load `dep` (§5.2.2). A resident deployment
-        that is failed, gone or breaks on its offload does not hold up the switch: it is torn
-        down and its state dropped (or kept, by the recovery policy). False (and `rec`
-        ended) if `dep` cannot be loaded."""
-        sched = self.groups[group]
-        old = self._live(old_id)
-        if old is not None and old is not dep:
-            try:
-                await self._move(old, "offload", group)
-            except GroupBroken as exc:
-                await self._recover(old, f"its offload for the switch to {dep.id} failed: {exc}")
-            except WorkerError as exc:  # refused (no room on the node): it stays resident
-                sched.resident = old.id
-                self.counts["failed"] += 1
-                self._end(rec, OpStatus.FAILED, error=f"the switch to {dep.id} failed: {exc}")
-                return False
-        sched.resident = None
-        why = ""
-        for _ in range(2):  # a second try after its group was started again from its state
-            try:
-                await self._move(dep, "load", group)
-            except GroupBroken as exc:
-                why = str(exc)
-                if not dep.deleting and await self._recover(dep, f"its load failed: {exc}"):
-                    continue
-                break
-            except WorkerError as exc:
-                why = f"the switch to {dep.id} failed: {exc}"
-                break
-            sched.resident = dep.id
-            return True
-        if dep.deleting:
-            self._end(rec, OpStatus.CANCELLED, error=f"job {dep.job} was deleted")
-        else:
-            self.counts["failed"] += 1
-            error = f"{dep.id} failed: {dep.error}" if dep.error else why
-            self._end(rec, OpStatus.FAILED, error=error)
-        return False
-
-    async def _execute(self, dep: Deployment, rec: OpRecord) -> Exception | None:
-        """Run `rec` on `dep`'s group within its deadline; the error, if it failed."""
-        rec.status = OpStatus.RUNNING
-        rec.started_s = self.now()
-        rec.deadline_s = self._deadline(dep, rec.kind, rec.override_s)
-        t0 = self.clock()
-        loop = asyncio.get_running_loop()
-        try:
-            result = await loop.run_in_executor(
-                None, dep.wpg.run, rec.kind, rec.payload, rec.deadline_s
-            )
-        except Exception as exc:  # every accepted operation ends, with what went wrong
-            if isinstance(exc, (WorkerError, ConfigError)):
-                error = str(exc)
-            else:
-                log.exception("%s %s", dep.id, rec.kind)
-                error = f"{type(exc).__name__}: {exc}"
-            if dep.deleting or self._closing:
-                why = "the service stopped" if self._closing else f"job {dep.job} was deleted"
-                self._end(rec, OpStatus.CANCELLED, error=f"{why} while it ran")
-            else:
-                self.counts["failed"] += 1
-                self._end(rec, OpStatus.FAILED, error=error)
-            return exc
-        took = self.clock() - t0
-        key = (dep.id, rec.kind)
-        for seen in (self._exec, self._measured):
-            old = seen.get(key)
-            seen[key] = took if old is None else EWMA * took + (1 - EWMA) * old
-        rec.result = result
-        self._end(rec, OpStatus.SUCCEEDED)
-        return None
-
-    async def _broken(self, dep: Deployment, err: Exception) -> str | None:
-        """Why `dep`'s group must be torn down after `err`, or None if it can go on: a rank
-        raised and the others answered soon after (they were not left in a collective)."""
-        if isinstance(err, GroupBroken):
-            return str(err)
-        if isinstance(err, RankFailed) and err.pending:
-            loop = asyncio.get_running_loop()
-            if not await loop.run_in_executor(None, dep.wpg.settle, self.settle_s):
-                return (
-                    f"{err}; ranks {sorted(err.pending)} were still in it {self.settle_s:g} s later"
-                )
-        return None
-
-    # ---- recovery ---------------------------------------------------------------------------
-    async def _recover(self, dep: Deployment, reason: str) -> bool:
-        """Tear `dep`'s worker group down (its ranks killed) and, as the recovery policy
-        decides, start it again with its state waiting on the node's sidecar, or fail it.
-        The caller holds its group's lock. True if it was started again."""
-        if dep.deleting or self._closing or dep.status is not DeploymentStatus.READY:
-            return False
-        dep.status = DeploymentStatus.RECOVERING
-        loop = asyncio.get_running_loop()
-        log.warning("tearing down %s's worker group: %s", dep.id, reason)
-        async with dep.lock:
-            await loop.run_in_executor(None, dep.wpg.kill)
-            sched = self.groups[dep.group]
-            if sched.resident == dep.id:
-                sched.resident = None
-            intact = await loop.run_in_executor(None, dep.wpg.state_intact)
-            decision = self.recovery.decide(
-                reason=reason, state_intact=intact, restarts=dep.restarts
-            )
-            if decision.action is RecoveryAction.RESTART:
-                try:
-                    wpg = await self._launch(
-                        dep.id,
-                        dep.group,
-                        dep.dp,
-                        dep.seed,
-                        model=dep.model,
-                        options=dep.model_options,
-                        start_offloaded=True,
-                    )
-                except (WorkerError, StateError) as exc:
-                    decision = Recovery(RecoveryAction.FAIL, f"{reason}; its restart failed: {exc}")
-                else:
-                    old, dep.wpg = dep.wpg, wpg
-                    await loop.run_in_executor(None, functools.partial(old.close, keep_state=True))
-                    dep.restarts += 1
-                    dep.status = DeploymentStatus.READY
-                    self.counts["restarts"] += 1
-                    log.warning("%s started again from its offloaded state", dep.id)
-                    return True
-            await loop.run_in_executor(None, dep.wpg.close)  # its state on the sidecar too
-            self._fail_deployment(dep, decision.reason)
-        return False
-
-    def _fail_deployment(self, dep: Deployment, reason: str) -> None:
-        dep.status, dep.error = DeploymentStatus.FAILED, reason
-        sched = self.groups[dep.group]
-        for op in sched.withdraw(dep.id):
-            self.counts["failed"] += 1
-            self._end(self.ops[op.op_id], OpStatus.FAILED, error=f"{dep.id} failed: {reason}")
-        if sched.resident == dep.id:
-            sched.resident = None
-        if self.placement.group_of(dep.id) is not None:
-            self.placement.release(dep.id)
-        self.counts["failed_deployments"] += 1
-        log.error("deployment %s failed: %s", dep.id, reason)
-
+    # ---- the watchdog -----------------------------------------------------------------------
     async def _watch(self) -> None:
         """Find groups whose ranks died while no operation of theirs ran, and recover them
         (under their group's lock, so never in the middle of another's switch); and node
         groups whose sidecar died, whose deployments then have no state manager."""
-        while not self._closing:
+        while not self.core.closing:
             await asyncio.sleep(self.watch_s)
             try:
                 self._look()
@@ -879,13 +605,14 @@ class ClusterDriver:
             if g not in self._nodes_lost:
                 self._nodes_lost.add(g)
                 self._spawn(self._recover_node(g, why))
-        for dep in list(self.deployments.values()):
+        for s in list(self.served.values()):
+            dep = s.dep
             if dep.status is not DeploymentStatus.READY or dep.migrating or dep.deleting:
                 continue
-            if dep.watched or dep.wpg.death() is None:
+            if s.watched or s.wpg.death() is None:
                 continue
-            dep.watched = True
-            self._spawn(self._recover_dead(dep))
+            s.watched = True
+            self._spawn(self._recover_dead(s))
 
     async def _recover_node(self, group: int, why: str) -> None:
         """The node's sidecar died: the state it held is gone and its deployments' ranks can
@@ -894,62 +621,38 @@ class ClusterDriver:
         try:
             async with self._locks[group]:
                 log.error("%s: the state it held is lost", why)
-                for dep in [d for d in self.deployments.values() if d.group == group]:
-                    if dep.status is DeploymentStatus.READY and not dep.deleting:
-                        await self._recover(dep, why)
-                await self.launcher.forget_node(group)
-                self._plans[group] = []
+                await self._carry_out(self.core.handle(ev.NodeLost(group, why), self.now()))
         finally:
             self._nodes_lost.discard(group)
 
-    async def _recover_dead(self, dep: Deployment) -> None:
+    async def _recover_dead(self, s: Served) -> None:
         try:
-            async with self._locks[dep.group]:
-                dead = dep.wpg.death()
-                if dead is not None and dep.status is DeploymentStatus.READY:
-                    await self._recover(dep, dead)
+            async with self._locks[s.dep.group]:
+                dead = s.wpg.death()
+                if dead is not None:
+                    await self._carry_out(self.core.handle(ev.RankDied(s.id, dead), self.now()))
         finally:
-            dep.watched = False
-
-    def _new_id(self) -> int:
-        self._last_id += 1
-        return self._last_id
-
-    def _end(self, rec: OpRecord, status: OpStatus, error: str | None = None) -> None:
-        if rec.status.terminal:
-            return
-        rec.status, rec.error, rec.ended_s = status, error, self.now()
-        rec.done.set()
-        self._finished.append(rec.op_id)
-        while len(self._finished) > self.retain_ops:  # what a finished op leaves is bounded
-            self.ops.pop(self._finished.popleft(), None)
-            self.forgotten += 1
-
-    def _learn_switch(self, dep_id: str, took: float) -> None:
-        old = self._switch.get(dep_id)
-        self._switch[dep_id] = took if old is None else EWMA * took + (1 - EWMA) * old
-
-    def _setup_estimate(self, job: str, resident: str | None) -> float:
-        return self._switch.get(job, self.default_switch_s)
+            s.watched = False
 
     async def wait(self, op_id: int, wait_s: float) -> OpRecord:
-        rec = self.ops.get(op_id)
+        rec = self.core.ops.get(op_id)
         if rec is None:
-            if 0 <= op_id <= self._last_id:
+            if 0 <= op_id <= self.core.last_id():
                 raise NotFound(
                     f"operation {op_id} finished and was forgotten (the service keeps the "
                     f"last {self.retain_ops}: retain_ops)"
                 )
             raise NotFound(f"no operation {op_id}")
         if not rec.status.terminal and wait_s > 0:
+            waiter = self._waiters.setdefault(op_id, asyncio.Event())
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(rec.done.wait(), wait_s)
+                await asyncio.wait_for(waiter.wait(), wait_s)
         return rec
 
     # ---- views and lifecycle ---------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         by_status: dict[str, int] = {}
-        for r in self.ops.values():
+        for r in self.core.ops.values():
             by_status[r.status.value] = by_status.get(r.status.value, 0) + 1
         return {
             "policy": self.policy.value,
@@ -959,40 +662,35 @@ class ClusterDriver:
                     "resident": s.resident,
                     "running": None if s.running is None else s.running.op_id,
                     "queued": len(s.queue),
-                    "deployments": sorted(d.id for d in self.deployments.values() if d.group == g),
+                    "deployments": sorted(d.id for d in self.served.values() if d.dep.group == g),
                 }
                 for g, s in enumerate(self.groups)
             ],
-            "deployments": {d.id: d.view() for d in self.deployments.values()},
+            "deployments": {d.id: d.view() for d in self.served.values()},
             "ops": by_status,
-            "counts": dict(self.counts),
+            "counts": self.counts,
         }
 
     async def close(self, grace_s: float = 10.0) -> None:
         """Stop: queued operations are cancelled, running ones get `grace_s` to finish (then
         their ranks are killed and they are cancelled), WPGs and sidecars stop."""
-        self._closing = True
         if self._watchdog is not None:
             self._watchdog.cancel()
-        for s in self.groups:
-            for dep_id in {o.job for o in s.queue}:
-                for op in s.withdraw(dep_id):
-                    self._end(self.ops[op.op_id], OpStatus.CANCELLED, error="the service stopped")
+        await self._carry_out(self._handle(ev.Shutdown()))
         loop = asyncio.get_running_loop()
         if self._tasks:
             _, late = await asyncio.wait(set(self._tasks), timeout=grace_s)
             if late:
-                running = {s.running.job for s in self.groups if s.running is not None}
-                for dep in list(self.deployments.values()):
-                    if dep.id in running:
-                        await loop.run_in_executor(None, dep.wpg.kill)
+                for s in list(self.served.values()):
+                    if self.core.running_on(s.id):
+                        await loop.run_in_executor(None, s.wpg.kill)
                 await asyncio.gather(*self._tasks, return_exceptions=True)
-        for dep in list(self.deployments.values()):
-            await loop.run_in_executor(None, dep.wpg.close)
-        self.deployments.clear()
+        for s in list(self.served.values()):
+            await loop.run_in_executor(None, s.wpg.close)
+        self.served.clear()
         await self.launcher.close()
 
     async def state_stats(self) -> dict[str, Any]:
         """What holds the deployments' state: each node group's sidecar (bytes by tier,
         moves, its plan, its deployments), or each deployment's on Ray."""
-        return await self.launcher.stats({d.id: d.wpg for d in self.deployments.values()})
+        return await self.launcher.stats({s.id: s.wpg for s in self.served.values()})
