@@ -22,13 +22,13 @@ pytest.importorskip("torch")
 from cluster_procs import descendants, gone, wait_gone
 
 from loom.core.errors import ConfigError
-from loom.runtime.cluster.wpg import group as wpg_group
 from loom.runtime.cluster.wpg import (
     GroupBroken,
     RankFailed,
     WorkerGroup,
     WorkerGroupConfig,
 )
+from loom.runtime.cluster.wpg import group as wpg_group
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 

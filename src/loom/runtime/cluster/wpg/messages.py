@@ -146,7 +146,7 @@ def encode(msg: Message) -> bytes:
     """A message's bytes; `TypeError` if it holds what is not JSON-like (a tensor, an array)."""
     try:
         return _encoder.encode(msg)
-    except msgspec.EncodeError as exc:
+    except (msgspec.EncodeError, TypeError, OverflowError) as exc:  # (2**64: an overflow)
         raise TypeError(f"cannot encode a {type(msg).__name__}: {exc}") from None
 
 

@@ -20,6 +20,10 @@ __all__ = ["RankWorker"]
 
 
 class RankWorker:
+    """One rank: its model, optimizer and device, in the group's torch.distributed group;
+    `run(op, payload)` checks the payload and runs the operation (collective where it must
+    be: every rank of the group runs each operation)."""
+
     def __init__(
         self,
         cfg: dict[str, Any],
