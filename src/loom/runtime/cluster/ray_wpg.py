@@ -23,6 +23,8 @@ from loom.runtime.cluster.wpg.config import WorkerGroupConfig
 from loom.runtime.cluster.wpg.errors import GroupBroken, RankFailed, WorkerError
 from loom.runtime.cluster.wpg.group import OneAtATime, free_port
 from loom.runtime.cluster.wpg.messages import Failure, Reply, Request
+from loom.runtime.cluster.wpg.rank import answer
+from loom.runtime.cluster.wpg.worker import RankWorker
 from loom.state.sidecar import SidecarConfig, StateSidecar
 
 __all__ = [
@@ -46,14 +48,12 @@ class RankActor:
     ) -> None:
         self._cfg, self._rank, self._port, self._master = cfg, rank, port, master
         self._state, self._local = state, local
-        self._worker: Any = None  # its `RankWorker`, once it has joined
+        self._worker: RankWorker | None = None
 
     def join(self) -> dict[str, Any]:
         """Build the model and join the group (blocks until every rank has joined); what
         the model is (`ModelInfo`'s fields)."""
         import ray
-
-        from loom.runtime.cluster.wpg.worker import RankWorker
 
         address, token = self._state
         gpus = ray.get_gpu_ids()
@@ -70,8 +70,6 @@ class RankActor:
 
     def run(self, request: Request) -> Reply:
         """The rank's answer to `request`: what a rank process would send (`wpg.rank`)."""
-        from loom.runtime.cluster.wpg.rank import answer
-
         assert self._worker is not None, "join first"
         return answer(self._worker, request)
 
