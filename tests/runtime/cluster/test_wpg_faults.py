@@ -22,13 +22,13 @@ pytest.importorskip("torch")
 from cluster_procs import descendants, gone, wait_gone
 
 from loom.core.errors import ConfigError
-from loom.runtime.cluster import wpg
 from loom.runtime.cluster.wpg import (
     GroupBroken,
     RankFailed,
     WorkerGroup,
     WorkerGroupConfig,
 )
+from loom.runtime.cluster.wpg import group as wpg_group
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
@@ -105,7 +105,7 @@ def test_an_exit_is_named_even_when_the_survivors_error_is_read_first(
     """Rank 0 exits inside the all-reduce; rank 1 then raises (gloo: "connection reset by
     peer"). Whichever the parent reads first, the cause it names is the exit: here rank 0's
     end is hidden from the parent until rank 1 has answered."""
-    real_wait = wpg.wait_ready
+    real_wait = wpg_group.wait_ready
     with group(tmp_path, "exits-late") as g:
         first = g._conns[0]
 
@@ -114,7 +114,7 @@ def test_an_exit_is_named_even_when_the_survivors_error_is_read_first(
                 return [c for c in real_wait(conns[1:], timeout)]
             return real_wait(conns, timeout)
 
-        monkeypatch.setattr(wpg, "wait_ready", survivor_first)
+        monkeypatch.setattr(wpg_group, "wait_ready", survivor_first)
         with pytest.raises(GroupBroken, match=r"rank 0 \(pid \d+\) exited \(13\).*rank 1: "):
             g.run("inject_fault", {"rank": 0, "action": "exit"}, timeout_s=60)
 

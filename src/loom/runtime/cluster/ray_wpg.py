@@ -19,15 +19,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from loom.runtime.cluster.models.ref import ModelInfo
-from loom.runtime.cluster.wpg import (
-    GroupBroken,
-    OneAtATime,
-    RankFailed,
-    WorkerError,
-    WorkerGroupConfig,
-    _free_port,
-    _Worker,
-)
+from loom.runtime.cluster.wpg.config import WorkerGroupConfig
+from loom.runtime.cluster.wpg.errors import GroupBroken, RankFailed, WorkerError
+from loom.runtime.cluster.wpg.group import OneAtATime, free_port
+from loom.runtime.cluster.wpg.messages import Failure, Reply, Request
+from loom.runtime.cluster.wpg.rank import answer
+from loom.runtime.cluster.wpg.worker import RankWorker
 from loom.state.sidecar import SidecarConfig, StateSidecar
 
 __all__ = [
@@ -51,7 +48,7 @@ class RankActor:
     ) -> None:
         self._cfg, self._rank, self._port, self._master = cfg, rank, port, master
         self._state, self._local = state, local
-        self._worker: _Worker | None = None
+        self._worker: RankWorker | None = None
 
     def join(self) -> dict[str, Any]:
         """Build the model and join the group (blocks until every rank has joined); what
@@ -60,7 +57,7 @@ class RankActor:
 
         address, token = self._state
         gpus = ray.get_gpu_ids()
-        self._worker = _Worker(
+        self._worker = RankWorker(
             self._cfg | {"state_address": address},
             self._rank,
             self._port,
@@ -71,9 +68,10 @@ class RankActor:
         )
         return asdict(self._worker.mw.info())
 
-    def run(self, op: str, payload: dict[str, Any]) -> dict[str, Any]:
+    def run(self, request: Request) -> Reply:
+        """The rank's answer to `request`: what a rank process would send (`wpg.rank`)."""
         assert self._worker is not None, "join first"
-        return self._worker.run(op, payload)
+        return answer(self._worker, request)
 
 
 def _where() -> tuple[str, int, str]:
@@ -81,7 +79,7 @@ def _where() -> tuple[str, int, str]:
 
     return (
         str(ray.util.get_node_ip_address()),
-        _free_port(),
+        free_port(),
         ray.get_runtime_context().get_node_id(),
     )
 
@@ -226,7 +224,8 @@ class RayWorkerGroup(OneAtATime):
         name = self.config.name
         if self._pending and not self._settle(self.config.settle_s):
             raise GroupBroken(f"{name}: ranks never finished an earlier operation")
-        refs = [a.run.remote(op, payload) for a in self._actors]
+        request = Request(op=op, payload=payload)
+        refs = [a.run.remote(request) for a in self._actors]
         rank_of = {r: i for i, r in enumerate(refs)}
         pending, results = list(refs), {}
         deadline = time.monotonic() + timeout_s
@@ -238,7 +237,7 @@ class RayWorkerGroup(OneAtATime):
                 raise GroupBroken(f"{name}: {op} ran past its deadline of {timeout_s:g} s")
             rank = rank_of[ready[0]]
             try:
-                results[rank] = ray.get(ready[0], timeout=0)
+                reply = ray.get(ready[0], timeout=0)
             except RayTaskError as exc:  # fail now: the others may wait in a collective
                 self._pending = pending
                 cause = exc.cause if exc.cause is not None else exc
@@ -252,6 +251,10 @@ class RayWorkerGroup(OneAtATime):
             except Exception as exc:
                 self._pending = pending
                 raise WorkerError(f"{name} {op}: rank {rank}: {exc}") from None
+            if isinstance(reply, Failure):  # fail now: the others may wait in a collective
+                self._pending = pending
+                raise self._rank_failed(op, rank, reply, (rank_of[r] for r in pending))
+            results[rank] = reply.result
         self._pending = []
         return [results[r] for r in range(len(refs))]
 
