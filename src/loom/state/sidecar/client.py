@@ -18,8 +18,8 @@ from loom.state.sidecar.wire import (
     VERBS,
     Bind,
     Failure,
-    KeyShapes,
     Keys,
+    KeyShapes,
     Load,
     Offload,
     Reply,
@@ -101,7 +101,7 @@ class StateClient:
                 ) from None
             except EOFError:
                 raise StateError("the sidecar closed the connection") from None
-        reply = decode(answer, Reply)
+        reply: Reply = decode(answer, Reply)
         if isinstance(reply, Failure):
             raise raise_failure(reply, f"sidecar {verb}")
         return reply

@@ -34,8 +34,8 @@ from loom.state.sidecar.wire import (
     Drop,
     Failure,
     Hello,
-    KeyShapes,
     Keys,
+    KeyShapes,
     Load,
     Materialize,
     Mirror,
@@ -140,7 +140,7 @@ class Server:
     async def answer(self, frame: bytes) -> bytes:
         """The encoded answer to one frame: its call's reply, or the refusal, typed."""
         try:
-            req = decode(frame, Request)
+            req: Request = decode(frame, Request)
             reply = await self._handlers[type(req)](req)
         except Exception as exc:  # every refusal goes back to the caller, with its kind
             reply = failure(exc)
@@ -219,7 +219,12 @@ class Server:
         if len(g.items) == world:
             del self._gathers[key]
             g.full.set()
-            move = {Offload: self._offload, Bind: self._bind, Load: self._load}[type(req)]
+            moves: dict[type, Callable[[Any], dict[int, Any]]] = {
+                Offload: self._offload,
+                Bind: self._bind,
+                Load: self._load,
+            }
+            move = moves[type(req)]
             try:
                 g.done.set_result(await self._run(move, g.items))
             except Exception as exc:
@@ -426,7 +431,9 @@ def serve(address: str, cfg: SidecarConfig, token: bytes) -> None:
         sweep_orphans()
 
 
-async def _main(server: Server, address: str, cfg: SidecarConfig, orphaned: threading.Event) -> None:
+async def _main(
+    server: Server, address: str, cfg: SidecarConfig, orphaned: threading.Event
+) -> None:
     unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     unix.bind(address)
     os.chmod(address, 0o600)

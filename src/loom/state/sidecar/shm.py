@@ -157,10 +157,12 @@ def alloc_targets(
 
     keys = sorted(metas)
     if device != "cpu":
-        views = {k: torch.empty(metas[k][0], dtype=metas[k][1], device=device) for k in keys}
-        return views, [_cuda_export(k, v) for k, v in views.items()], lambda: None
+        fresh = {k: torch.empty(metas[k][0], dtype=metas[k][1], device=device) for k in keys}
+        cuda: list[Export] = [_cuda_export(k, v) for k, v in fresh.items()]
+        return fresh, cuda, lambda: None
     block = _ShmBlock([_size_of(tuple(metas[k][0]), metas[k][1]) for k in keys])
-    views, exports = {}, []
+    views: dict[StateKey, Any] = {}
+    exports: list[Export] = []
     for i, k in enumerate(keys):
         shape, dtype = tuple(metas[k][0]), metas[k][1]
         views[k] = block.view(i, shape, dtype)

@@ -13,7 +13,7 @@ import os
 import socket
 import struct
 from multiprocessing.connection import Connection
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar, overload
 
 import msgspec
 
@@ -24,6 +24,7 @@ from loom.state.weights.params import ParamSpec
 __all__ = [
     "HANDSHAKE_S",
     "TOKEN_ENV",
+    "VERBS",
     "VERSION",
     "Abandon",
     "Adopt",
@@ -53,7 +54,6 @@ __all__ = [
     "Shutdown",
     "Stats",
     "Use",
-    "VERBS",
     "accept_peer",
     "connection",
     "decode",
@@ -71,7 +71,7 @@ _HANDSHAKE_MAX = 4096  # bytes: a handshake message longer than this is not one
 _NONCE = 32
 
 
-class _Part(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class _Part(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """A piece of a message (no version of its own)."""
 
 
@@ -296,9 +296,23 @@ _ANY = (
 VERBS: dict[str, type[Request]] = {
     cls.__struct_config__.tag: cls  # type: ignore[misc]
     for cls in (
-        Hello, Offload, Bind, Load, Plan, Use, Prefetch, Drop, Abandon, Keys, Stats,
-        Checkpoint, Materialize, Mirror, Adopt, Shutdown,
-    )  # fmt: skip
+        Hello,
+        Offload,
+        Bind,
+        Load,
+        Plan,
+        Use,
+        Prefetch,
+        Drop,
+        Abandon,
+        Keys,
+        Stats,
+        Checkpoint,
+        Materialize,
+        Mirror,
+        Adopt,
+        Shutdown,
+    )
 }
 
 
@@ -316,7 +330,11 @@ def encode(msg: Message) -> bytes:
     return _encoder.encode(msg)
 
 
-def decode(frame: bytes, expect: type[M] | Any = Message) -> M:
+@overload
+def decode(frame: bytes, expect: type[M]) -> M: ...
+@overload
+def decode(frame: bytes, expect: Any) -> Any: ...
+def decode(frame: bytes, expect: Any) -> Any:
     """The message in `frame`, of the kind `expect` (a class or a union of classes);
     `BadMessage` for garbage, another version, an unknown or malformed message."""
     try:
@@ -331,7 +349,7 @@ def decode(frame: bytes, expect: type[M] | Any = Message) -> M:
         raise BadMessage(f"a malformed message: {exc}; calls are {sorted(VERBS)}") from None
     if not isinstance(msg, expect):
         raise BadMessage(f"a {type(msg).__name__} where a {_names(expect)} was due")
-    return cast(M, msg)
+    return msg
 
 
 def _names(kind: Any) -> str:
@@ -397,7 +415,7 @@ def join_sidecar(conn: Connection, token: bytes, address: str) -> None:
     nonce = os.urandom(_NONCE)
     conn.send_bytes(encode(Proof(mac=_mac(token, b"peer", challenge.nonce), nonce=nonce)))
     try:
-        answer = decode(conn.recv_bytes(_HANDSHAKE_MAX), Proof | Failure)
+        answer: Proof | Failure | None = decode(conn.recv_bytes(_HANDSHAKE_MAX), Proof | Failure)
     except (BadMessage, OSError, EOFError):
         answer = None
     if isinstance(answer, Failure):
