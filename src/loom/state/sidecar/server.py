@@ -178,7 +178,8 @@ class Server:
         return KeyShapes(entries=entries)
 
     async def _on_stats(self, req: Stats) -> Reply:
-        return Result(value=await self._run(self._stats))
+        waiting = {f"{op} {dep}": sorted(g.items) for (op, dep), g in self._gathers.items()}
+        return Result(value=await self._run(self._stats) | {"waiting": waiting})
 
     async def _on_checkpoint(self, req: Checkpoint) -> Reply:
         return Result(value=await self._run(self._checkpoint, req.dep, Path(req.path)))
