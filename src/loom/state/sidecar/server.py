@@ -462,6 +462,8 @@ async def _main(
 
     watch = None if watch_parent(orphan) else asyncio.create_task(reparented())
     await server.stop.wait()
+    for g in server._gathers.values():  # calls never served: their ranks may be gone too
+        g.unlink_unmapped()
     if watch is not None:
         watch.cancel()
     for task in accepting:
