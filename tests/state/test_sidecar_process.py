@@ -47,6 +47,7 @@ def waiting_worker(sc: StateSidecar) -> tuple[subprocess.Popen[bytes], str]:
         raise AssertionError("the worker exported nothing")
     with sc.client(timeout_s=30) as c:  # its call has reached the sidecar
         while c.call("stats")["waiting"] != {"offload w": [0]}:
+            assert worker.poll() is None and time.monotonic() < deadline, "no call arrived"
             time.sleep(0.05)
     return worker, files[0]
 
