@@ -241,17 +241,15 @@ def test_the_sidecars_mapper_holds_no_mapping_and_lets_go_of_the_old_one_when_re
     mapping is made; mappings nobody uses are made (and let go) by `finish`."""
     import weakref
 
-    from loom.state.sidecar import _Mapper, export_tensors
+    from loom.state.sidecar.shm import Mapper, export_tensors
 
     s = state(3, n=2)
     exports, cleanup = export_tensors(s)
     try:
-        mapper = _Mapper()
+        mapper = Mapper()
         old = torch.zeros(1)
         gone = weakref.ref(old)
-        views = {
-            k: mapper(e, hold=old if i == 0 else None) for i, (k, e) in enumerate(exports.items())
-        }
+        views = {e.key: mapper(e, hold=old if i == 0 else None) for i, e in enumerate(exports)}
         del old
         first, *rest = views.values()
         assert gone() is not None and not first.resolved  # held until the new mapping is made
@@ -262,8 +260,6 @@ def test_the_sidecars_mapper_holds_no_mapping_and_lets_go_of_the_old_one_when_re
         assert made() is None  # the mapper kept nothing of it
         mapper.finish()
         assert all(d.resolved for d in rest)
-        with pytest.raises(Exception, match="unknown export kind"):
-            mapper(("tcp", 1))
     finally:
         cleanup()
 

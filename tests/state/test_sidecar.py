@@ -28,6 +28,7 @@ from loom.state.sidecar import (  # noqa: E402
     StateClient,
     StateError,
     StateSidecar,
+    wire,
 )
 from loom.state.weights.params import ParamSpec, ShardRule  # noqa: E402
 
@@ -146,14 +147,12 @@ def test_the_token_never_crosses_the_wire_and_an_impostor_sidecar_is_caught(
     listener.listen(1)
     seen: list[bytes] = []
 
-    def impostor() -> None:  # challenges, keeps the answer, welcomes it, proves nothing
+    def impostor() -> None:  # challenges, keeps the proof, answers with a proof of nothing
         sock, _ = listener.accept()
         with Connection(sock.detach()) as conn:
-            conn.send_bytes(b"#CHALLENGE#" + os.urandom(20))
+            conn.send_bytes(wire.encode(wire.Challenge(nonce=os.urandom(32))))
             seen.append(conn.recv_bytes())
-            conn.send_bytes(b"#WELCOME#")
-            conn.recv_bytes()  # the peer's challenge
-            conn.send_bytes(b"\x00" * 16)
+            conn.send_bytes(wire.encode(wire.Proof(mac=b"\x00" * 32)))
             with contextlib.suppress(EOFError, OSError):
                 conn.recv_bytes()
 
@@ -297,11 +296,13 @@ def test_on_a_gpu_the_sidecar_copies_through_cuda_ipc(tmp_path: Path) -> None:
 def test_errors_cross_the_socket_as_their_kinds(sidecar: StateSidecar) -> None:
     """A refusal keeps its type over the socket (and is a StateError too, for callers that
     catch the sidecar's failures); an unknown call names the calls there are."""
-    from loom.core.errors import ConfigError
+    from loom.core.errors import NotFound, http_status
+    from loom.state.errors import UnknownDeployment
 
     with sidecar.client() as c:
         with pytest.raises(StateError, match=r"unknown call 'transmogrify'.*'offload'"):
             c.call("transmogrify")
-        with pytest.raises(ConfigError, match="unknown deployment 'nobody'") as err:
+        with pytest.raises(NotFound, match="unknown deployment 'nobody'") as err:
             c.call("keys", dep="nobody", rank=0)
-        assert isinstance(err.value, StateError)  # a caller catching the sidecar's failures
+        assert type(err.value) is UnknownDeployment  # a caller catching the sidecar's failures
+        assert http_status(err.value) == 404

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
-from loom.core.errors import ConfigError  # noqa: E402
+from loom.core.errors import ConfigError, NotFound  # noqa: E402
 from loom.state.manager import NotResident, StateKey, StateManager  # noqa: E402
 from loom.state.tiers import DiskTier, Tier, TierFull  # noqa: E402
 from loom.state.weights.params import ParamSpec, ShardRule  # noqa: E402
@@ -214,7 +214,7 @@ def test_migration_mirrors_offloaded_state_to_another_node(tmp_path: Path) -> No
     c.register("running", 0, 0, model_state("r", 4))
     with pytest.raises(ConfigError, match="offload"):
         c.mirror_to(b, "running")  # its state is on the GPU, in use
-    with pytest.raises(ConfigError, match="unknown deployment"):
+    with pytest.raises(NotFound, match="unknown deployment"):  # a 404 where a service answers
         a.mirror_to(b, "nope")
     copied = a.mirror_to(b, "job")
     assert copied == sum(t.numel() * t.element_size() for t in state.values())

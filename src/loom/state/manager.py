@@ -39,6 +39,7 @@ from typing import Any
 
 from loom.core.errors import ConfigError
 from loom.state.copy import DEFAULT_CHUNK_BYTES, DEFAULT_STREAMS, Copier
+from loom.state.errors import NotResident, UnknownDeployment
 from loom.state.tiers import DeviceTier, DiskTier, HostTier, Tier, TierFull, TierStore, nbytes
 from loom.state.weights.params import ParamSpec
 from loom.state.weights.shards import Box, shard_box
@@ -58,10 +59,6 @@ class StateKey:
 
     def covers(self, shape: Sequence[int]) -> tuple[tuple[int, int], ...]:
         return self.box or tuple((0, d) for d in shape)
-
-
-class NotResident(Exception):
-    """A deployment's state was read while not on its devices."""
 
 
 @dataclass
@@ -196,7 +193,7 @@ class StateManager:
         """The deployment is gone: its state everywhere (keys no other deployment holds)."""
         dep = self._deps.pop(deployment, None)
         if dep is None:
-            raise ConfigError(f"unknown deployment {deployment!r}")
+            raise UnknownDeployment(f"unknown deployment {deployment!r}")
         if dep.loaded:
             for rank, gpu in dep.ranks.items():
                 for key in dep.keys[rank]:
@@ -508,7 +505,7 @@ class StateManager:
     def _dep(self, name: str) -> _Deployment:
         dep = self._deps.get(name)
         if dep is None:
-            raise ConfigError(f"unknown deployment {name!r}")
+            raise UnknownDeployment(f"unknown deployment {name!r}")
         return dep
 
     def _store(self, tier: Tier) -> TierStore:

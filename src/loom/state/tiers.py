@@ -26,6 +26,7 @@ from typing import Any
 
 from loom.core.errors import ConfigError
 from loom.state.copy import Copier
+from loom.state.errors import TierFull
 
 __all__ = ["Deferred", "DeviceTier", "DiskTier", "HostTier", "Tier", "TierFull", "TierStore"]
 
@@ -36,16 +37,6 @@ class Tier(StrEnum):
     DEVICE = "device"
     HOST = "host"
     DISK = "disk"
-
-
-class TierFull(Exception):
-    """A put would take a tier past its capacity."""
-
-    def __init__(self, tier: Tier, need: int, free: int, note: str = "") -> None:
-        super().__init__(
-            f"{tier} tier: {need} bytes asked, {free} free" + (f" ({note})" if note else "")
-        )
-        self.tier, self.need, self.free = tier, need, free
 
 
 def _torch() -> Any:
