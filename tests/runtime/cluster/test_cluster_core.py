@@ -117,7 +117,8 @@ class World:
             if outcome == "ok":
                 return ev.StepEnded(cmd.op_id, ev.Ok({"ok": True}, 0.5))
             if outcome in ("refused", "no_room"):
-                return ev.StepEnded(cmd.op_id, ev.Failed(f"{cmd.dep}: {outcome}"))
+                failed = ev.Failed(f"{cmd.dep}: {outcome}", no_room=outcome == "no_room")
+                return ev.StepEnded(cmd.op_id, failed)
             if outcome == "raises":
                 return ev.StepEnded(cmd.op_id, ev.Failed(f"{cmd.dep} raised", pending=(1,)))
             if outcome == "wedged":
@@ -266,9 +267,8 @@ def test_every_operation_ends_once_and_no_failure_crosses_jobs(data: st.DataObje
             continue
         own = [o for dep, _, o in w.flow_runs[op_id] if dep == rec.deployment and o != "ok"]
         room = [o for _, kind, o in w.flow_runs[op_id] if kind == "offload" and o == "no_room"]
-        refused = [o for _, kind, o in w.flow_runs[op_id] if kind == "offload" and o == "refused"]
         side = rec.kind == "save_ckpt" and not w.flow_runs[op_id]  # a checkpoint of state held
-        assert own or room or refused or side or rec.deployment in w.failed_deps, (
+        assert own or room or side or rec.deployment in w.failed_deps, (
             f"{rec.deployment}'s operation {op_id} failed for another job: {rec.error}"
         )
 
@@ -376,3 +376,40 @@ def test_finished_operations_beyond_retain_ops_are_forgotten() -> None:
         core.handle(ev.StepEnded(run.op_id, ev.Ok({}, 0.1)), t + 0.5)
         ids.append(dispatch.op_id)
     assert [i for i in ids if i in core.ops] == ids[-2:] and core.forgotten == 2
+
+
+def switch_to_b(core: ClusterCore, offload: ev.Failed) -> tuple[int, list[ev.Command]]:
+    """b's operation's turn on a group where a is resident; a's offload ends with `offload`."""
+    core.add(Deployment("a:actor", "a", 0))
+    core.add(Deployment("b:actor", "b", 0))
+    core.groups[0].resident = "a:actor"
+    _, dispatch = core.handle(ev.Submit("b:actor", "forward", {}), 0.0)
+    assert isinstance(dispatch, ev.Dispatch)
+    (run,) = only(ev.Run, core.handle(ev.Turn(0, dispatch.op_id), 0.0))
+    assert (run.dep, run.kind) == ("a:actor", "offload")
+    return dispatch.op_id, core.handle(ev.StepEnded(run.op_id, offload), 1.0)
+
+
+def test_a_resident_job_whose_offload_raises_is_torn_down_and_the_switch_goes_on() -> None:
+    core = make_core()
+    op_id, cmds = switch_to_b(core, ev.Failed("a's rank 0 raised: MemoryError"))
+    (teardown,) = only(ev.Teardown, cmds)
+    assert teardown.dep == "a:actor" and "its offload for the switch to b:actor" in (
+        teardown.reason
+    )
+    cmds = core.handle(ev.TornDown("a:actor", state_intact=False), 2.0)  # its state was on it
+    assert core.deployments["a:actor"].status is DeploymentStatus.FAILED
+    (load,) = only(ev.Run, cmds)
+    assert (load.dep, load.kind) == ("b:actor", "load")  # b's switch goes on
+    (run,) = only(ev.Run, core.handle(ev.StepEnded(load.op_id, ev.Ok({}, 0.5)), 3.0))
+    core.handle(ev.StepEnded(run.op_id, ev.Ok({"loss": 1.0}, 0.5)), 4.0)
+    assert core.ops[op_id].status is OpStatus.SUCCEEDED
+
+
+def test_a_node_with_no_room_keeps_the_resident_job_and_fails_the_switch() -> None:
+    core = make_core()
+    op_id, _ = switch_to_b(core, ev.Failed("TierFull: no room on host", no_room=True))
+    assert core.ops[op_id].status is OpStatus.FAILED
+    assert "the switch to b:actor failed" in (core.ops[op_id].error or "")
+    assert core.groups[0].resident == "a:actor"
+    assert core.deployments["a:actor"].status is DeploymentStatus.READY

@@ -28,6 +28,7 @@ from loom.runtime.cluster.wpg.messages import (
     encode,
 )
 from loom.runtime.cluster.wpg.rank import serve
+from loom.state.errors import TierFull
 
 BAD: list[tuple[str, bytes, str]] = [
     ("garbage", b"\xc1 no message", "malformed message"),
@@ -52,7 +53,7 @@ BAD: list[tuple[str, bytes, str]] = [
 
 class StandIn:
     """A rank's worker that echoes `forward`, refuses `generate`, returns what cannot be
-    sent for `sync_weights` and raises on anything else."""
+    sent for `sync_weights`, has no room to `offload` and raises on anything else."""
 
     rank = 0
 
@@ -63,6 +64,8 @@ class StandIn:
             raise ConfigError("token id 500 is outside the model's vocabulary")
         if op == "sync_weights":
             return {"digest": object()}
+        if op == "offload":
+            raise TierFull("host", need=1 << 20, free=0)
         raise RuntimeError(f"{op} failed")
 
 
@@ -108,6 +111,9 @@ def test_what_an_operation_raised_is_answered_with_its_kind(
     unsendable = ask(conn, encode(Request(op="sync_weights")))
     assert isinstance(unsendable, Failure) and unsendable.kind is FailureKind.RAISED
     assert "the result of sync_weights cannot be sent" in unsendable.message
+    no_room = ask(conn, encode(Request(op="offload", payload={"tier": "host"})))
+    assert isinstance(no_room, Failure) and no_room.kind is FailureKind.NO_ROOM
+    assert no_room.error == "TierFull"
 
 
 def test_an_exit_or_the_groups_end_closing_ends_the_rank(

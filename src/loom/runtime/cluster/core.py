@@ -167,6 +167,7 @@ class Flow:
     why: str = ""
     recover: bool = False  # (a park) tear down a group its offload breaks
     failed: int | None = None  # the record of the step that failed
+    no_room: bool = False  # ... for want of room on the node
     pending: tuple[int, ...] = ()  # ... and the ranks that had not answered it
     waiting: tuple[str, str] | None = None  # ("settle" | "recover", deployment)
 
@@ -479,7 +480,7 @@ class ClusterCore:
         if isinstance(e.outcome, ev.Ok):
             return cmds + self._succeeded(flow, now)
         out = e.outcome
-        flow.failed, flow.pending = e.op_id, out.pending
+        flow.failed, flow.pending, flow.no_room = e.op_id, out.pending, out.no_room
         if out.broken:
             return cmds + self._judged(flow, out.error, now)
         if out.pending and not (dep is not None and dep.deleting):
@@ -545,13 +546,16 @@ class ClusterCore:
             return self._finish(flow, now)
         if flow.stage is Stage.OFFLOAD:
             assert flow.old is not None
-            if broken is not None:
-                why = f"its offload for the switch to {flow.dep} failed: offload of {flow.old}: "
-                return self._recover(flow.old, why + broken, now, flow)
-            # refused (no room on the node): it stays resident
-            sched.resident = flow.old
-            why = f"the switch to {flow.dep} failed: offload of {flow.old} failed: {error}"
-            return self._fail_op(flow, why, now)
+            old = self._live(flow.old)
+            if flow.no_room and broken is None and old is not None:
+                # the node has no room for its state: it stays resident, and the switch waits
+                sched.resident = flow.old
+                why = f"the switch to {flow.dep} failed: offload of {flow.old} failed: {error}"
+                return self._fail_op(flow, why, now)
+            # NOTE: a resident job whose offload fails is torn down (restarted from its state
+            # if the node holds it whole, else failed): its failure never holds up the switch
+            why = f"its offload for the switch to {flow.dep} failed: offload of {flow.old}: "
+            return self._recover(flow.old, why + (broken or error), now, flow)
         # LOAD
         dep = self.deployments[flow.dep]
         if broken is not None:

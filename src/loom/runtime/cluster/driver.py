@@ -63,6 +63,7 @@ from loom.runtime.cluster.models.ref import parse_model
 from loom.runtime.cluster.payloads import FAULT_OP
 from loom.runtime.cluster.wpg import (
     OPS,
+    FailureKind,
     GroupBroken,
     RankFailed,
     WorkerError,
@@ -328,7 +329,8 @@ class ClusterDriver:
         except GroupBroken as exc:
             return ev.StepEnded(cmd.op_id, ev.Failed(str(exc), broken=True))
         except RankFailed as exc:
-            return ev.StepEnded(cmd.op_id, ev.Failed(str(exc), pending=tuple(sorted(exc.pending))))
+            pending, no_room = tuple(sorted(exc.pending)), exc.kind is FailureKind.NO_ROOM
+            return ev.StepEnded(cmd.op_id, ev.Failed(str(exc), pending=pending, no_room=no_room))
         except (WorkerError, ConfigError) as exc:
             return ev.StepEnded(cmd.op_id, ev.Failed(str(exc)))
         except Exception as exc:  # every accepted operation ends, with what went wrong

@@ -63,11 +63,13 @@ class Ok:
 class Failed:
     """The step failed. `broken`: the group cannot run another operation (a rank died, the
     deadline passed, ranks never came back); `pending`: the ranks that had not answered when
-    one raised (they may wait in a collective for it)."""
+    one raised (they may wait in a collective for it); `no_room`: the node had no room for the
+    state the step moves (the state stays where it was: no failure of its job's)."""
 
     error: str
     broken: bool = False
     pending: tuple[int, ...] = ()
+    no_room: bool = False
 
 
 Outcome = Ok | Failed

@@ -15,6 +15,7 @@ class FailureKind(StrEnum):
 
     RAISED = "raised"  # the operation raised (any exception of the rank's)
     REFUSED = "refused"  # the input cannot be run as given (a `ConfigError` in the rank)
+    NO_ROOM = "no_room"  # its node had no room for the state it moves (a `StorageFull`)
     BAD_MESSAGE = "bad_message"  # the rank could not decode what it was sent (`BadMessage`)
 
 

@@ -15,7 +15,7 @@ import traceback
 from multiprocessing.connection import Client, Connection
 from typing import Any
 
-from loom.core.errors import ConfigError
+from loom.core.errors import ConfigError, StorageFull
 from loom.proc.lifeline import watch_parent
 from loom.runtime.cluster.wpg.errors import BadMessage, FailureKind
 from loom.runtime.cluster.wpg.messages import (
@@ -40,11 +40,14 @@ log = logging.getLogger(__name__)
 
 def answer(worker: RankWorker, request: Request) -> Reply:
     """Run one request on this rank: its result, or what went wrong (a payload the model
-    cannot run is `refused`; anything else it raised, `raised`)."""
+    cannot run is `refused`; state its node had no room to hold, `no_room`; anything else it
+    raised, `raised`)."""
     try:
         return Result(result=worker.run(request.op, request.payload))
     except ConfigError as exc:
         return Failure.of(exc, FailureKind.REFUSED)
+    except StorageFull as exc:
+        return Failure.of(exc, FailureKind.NO_ROOM)
     except Exception as exc:
         return Failure.of(exc, FailureKind.RAISED)
 
