@@ -34,6 +34,7 @@ __all__ = [
     "tangram_decision",
     "tangram_lookahead_fig9",
     "weight_sync",
+    "web_stack",
 ]
 
 
@@ -142,6 +143,25 @@ def action_overhead(name: str) -> None:
         ({pct(o["client_overhead_share_median"], 1)} as the client sees it, with the HTTP submit
         and long-poll), {f1(o["overhead_median_ms"])} ms from grant to a running process;
         ARL-Tangram's Table 1 has {quoted}. From {cite(name)}."""
+    )
+
+
+# ---- the web stacks -------------------------------------------------------------------------
+
+
+def web_stack(name: str) -> None:
+    """Why two web stacks share one layer (`bench_web_stack.py`): the server CPU per request
+    of the same authenticated JSON route on aiohttp and on FastAPI."""
+    r = result(name)
+    aio, api = r.one(record="stack", stack="aiohttp"), r.one(record="stack", stack="fastapi")
+    a, f = aio["server_cpu_us_per_request"], api["server_cpu_us_per_request"]
+    choice = "stays on aiohttp" if a < f else "could move to FastAPI"
+    para(
+        f"""One web layer over two stacks, not one stack: the router {choice}, because the
+        same authenticated JSON route costs the server {a:.0f} µs of CPU a request there
+        against {f:.0f} µs on FastAPI under uvicorn (p50 {f2(aio["p50_ms"])} ms against
+        {f2(api["p50_ms"])} ms; the median of {aio["rounds"]} rounds of {aio["n"]} requests,
+        on {cores(name)}). From {cite(name)}."""
     )
 
 

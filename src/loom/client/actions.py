@@ -26,7 +26,6 @@ from loom.runtime.http_client import (
     HttpClient,
     ServiceError,
     checked,
-    fastapi_detail,
 )
 
 __all__ = ["TERMINAL", "ActionClient", "ActionError", "AsyncActionClient"]
@@ -36,11 +35,12 @@ _POLL_S = 60.0  # the server's longest long-poll
 
 
 class ActionError(ServiceError):
-    """The action server's error: `status` and what its `detail` says."""
+    """The action server's error: `status`, what its `detail` says, and the kind its `error`
+    code named (a 404 is also a `NotFound`)."""
 
 
 def _check(resp: httpx.Response) -> Any:
-    return checked(resp, ActionError, fastapi_detail)
+    return checked(resp, ActionError.of)
 
 
 def _body(trajectory_id: str, fields: dict[str, Any]) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
-from loom.runtime.http_client import AsyncHttpClient, ServiceError, checked, fastapi_detail
+from loom.runtime.http_client import AsyncHttpClient, ServiceError, checked
 
 __all__ = [
     "ClusterClient",
@@ -53,7 +53,7 @@ class ClusterError(ServiceError):
 
 
 def _check(resp: Any) -> Any:
-    return checked(resp, ClusterError, fastapi_detail)
+    return checked(resp, ClusterError.of)
 
 
 @dataclass

@@ -25,11 +25,12 @@ __all__ = ["RolloutClient", "RolloutError", "TrajectoryHandle"]
 
 
 class RolloutError(ServiceError):
-    """The router's error: `status` and the message of its OpenAI-shaped error body."""
+    """The router's error: `status`, the message of its OpenAI-shaped error body, and the
+    kind it named (a 404 is also a `NotFound`)."""
 
 
 def _check(resp: httpx.Response) -> Any:
-    return checked(resp, RolloutError, lambda body: str(body["error"]["message"]))
+    return checked(resp, RolloutError.of)
 
 
 class RolloutClient(AsyncHttpClient):

@@ -3,9 +3,14 @@
 The kinds a service answers with are defined once here (`InvalidRequest`, `NotFound`,
 `Conflict`, `Unavailable`, ...) and mapped to HTTP status codes in one place,
 `http_status`, which every service uses: domain code raises a kind, never a status code.
+A client's `ServiceError` is in the family too: `ServiceError.of(status, message, code)` is
+also the kind the service named by `code` (`kind_of`), so `except NotFound` catches a 404
+whether it was raised here or across the wire.
 """
 
 from __future__ import annotations
+
+from typing import Any, Self
 
 __all__ = [
     "ConfigError",
@@ -22,6 +27,8 @@ __all__ = [
     "UnknownPolicyError",
     "UpstreamError",
     "http_status",
+    "kind_of",
+    "status_codes",
 ]
 
 
@@ -124,13 +131,55 @@ class MissingExtraError(LoomError, ImportError):
         )
 
 
-class ServiceError(RuntimeError):
-    """A Loom service refused or failed a request: its HTTP `status` and its `message`."""
+class ServiceError(LoomError, RuntimeError):
+    """A Loom service refused or failed a request: its HTTP `status`, its `message` and the
+    `code` of the kind it named. Build one with `of`, which makes it that kind as well."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, code: str | None = None) -> None:
         super().__init__(f"{status}: {message}")
+        # NOTE: after super(): UpstreamError's __init__ (a kind mixed in by `of`) sets status
         self.status = status
         self.message = message
+        if code is not None:
+            self.code = code
+
+    @classmethod
+    def of(cls, status: int, message: str, code: str | None = None) -> Self:
+        """`cls(status, message, code)`, and also an instance of the kind `code` names (so a
+        client's 404 is a `NotFound`); only `cls` where the code is no known kind."""
+        kind = kind_of(code)
+        if kind is None:
+            return cls(status, message, code)
+        mixed = _MIXED.get((cls, kind))
+        if mixed is None:
+            name = f"{cls.__name__}[{kind.__name__}]"
+            mixed = _MIXED[cls, kind] = type(name, (cls, kind), {"__module__": cls.__module__})
+        made: Self = mixed(status, message, code)
+        return made
+
+
+_MIXED: dict[tuple[type[ServiceError], type[LoomError]], type[Any]] = {}
+
+
+# the kinds a service names in its error body, by `code` (one class per code)
+_KINDS: dict[str, type[LoomError]] = {
+    k.code: k
+    for k in (
+        InvalidRequest,
+        TooLarge,
+        Unauthorized,
+        NotFound,
+        Conflict,
+        StorageFull,
+        Unavailable,
+        UpstreamError,
+    )
+}
+
+
+def kind_of(code: str | None) -> type[LoomError] | None:
+    """The error kind a service's `code` names; None for a code that names none."""
+    return _KINDS.get(code) if code is not None else None
 
 
 _STATUS: tuple[tuple[type[BaseException], int], ...] = (
@@ -144,6 +193,14 @@ _STATUS: tuple[tuple[type[BaseException], int], ...] = (
     (StorageFull, 507),
     (Unavailable, 503),
 )
+
+
+def status_codes() -> dict[int, str]:
+    """The code of the kind each status stands for (the first kind mapped to it)."""
+    out: dict[int, str] = {502: UpstreamError.code}
+    for kind, status in _STATUS:
+        out.setdefault(status, getattr(kind, "code", LoomError.code))
+    return out
 
 
 def http_status(exc: BaseException) -> int:

@@ -1,5 +1,6 @@
-"""What the clients share: an error that carries the service's status and message, reading it
-from a response, the bearer token header, and owning an httpx client (closing it, `with`)."""
+"""What the clients share: an error that carries the service's status, message and kind,
+reading it from a response (either error shape the shared web layer renders), the bearer token
+header, and owning an httpx client (closing it, `with`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from typing import Any, Self
 
 import httpx
 
-from loom.core.errors import ServiceError  # defined there so services can raise it too
+from loom.core.errors import ServiceError  # in the family of every error kind
+from loom.runtime.web.errors import error_parts
 
 __all__ = [
     "AsyncHttpClient",
@@ -18,34 +20,21 @@ __all__ = [
     "ServiceError",
     "bearer_headers",
     "checked",
-    "fastapi_detail",
 ]
 
 
-def checked(
-    resp: httpx.Response,
-    error: Callable[[int, str], Exception],
-    message_of: Callable[[Any], str],
-) -> Any:
-    """The response's JSON, or `error(status, message)` with the message `message_of(body)`
-    finds in a 4xx/5xx body (the raw text when the body is not what it expects). `error` is
-    a `ServiceError` subclass, or a function choosing one (by the body, say)."""
+def checked(resp: httpx.Response, error: Callable[[int, str, str | None], Exception]) -> Any:
+    """The response's JSON, or `error(status, message, code)` with the message and the kind's
+    code of a 4xx/5xx body (`loom.runtime.web.errors.error_parts`; the raw text and no code
+    when the body is neither shape). `error` is a `ServiceError` subclass's `of` (the kind
+    the service named, as well), or a function choosing one by the code."""
     if resp.status_code >= 400:
         try:
-            message = message_of(resp.json())
+            code, message = error_parts(resp.json())
         except (ValueError, KeyError, TypeError):
-            message = resp.text[:500]
-        raise error(resp.status_code, message)
+            code, message = None, resp.text[:500]
+        raise error(resp.status_code, message, code)
     return resp.json()
-
-
-def fastapi_detail(body: Any) -> str:
-    """The message of a FastAPI error body: its `detail`, or where and what for each
-    validation error."""
-    detail = body["detail"]
-    if isinstance(detail, list):  # validation errors: where and what
-        return "; ".join(f"{'.'.join(map(str, d.get('loc', [])))}: {d.get('msg')}" for d in detail)
-    return str(detail)
 
 
 def bearer_headers(token: str | None) -> dict[str, str]:

@@ -1,6 +1,11 @@
-"""What Loom's FastAPI services share: the loopback rule, a bearer token and a body limit as
-ASGI middleware, a 422 handler that never echoes bad input, and running the app under uvicorn
-on a socket bound first (so `--port 0` can say which port it got)."""
+"""What Loom's FastAPI services share: running the app under uvicorn on a socket bound first
+(so `--port 0` can say which port it got), in the foreground or in a background thread. The
+token check, the body limit and the error bodies are the shared web layer's
+(`loom.runtime.web`; re-exported here), the same for the aiohttp services.
+
+The choice: two stacks over one shared layer, not one stack, because the router's server CPU
+per request is lower on aiohttp (250 µs against 320 µs on FastAPI: `benchmarks/
+bench_web_stack.py`, `docs/results/bench-web-stack.json`)."""
 
 from __future__ import annotations
 
@@ -11,14 +16,17 @@ from collections.abc import Callable
 from typing import Self
 
 import uvicorn
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from fastapi import FastAPI
 
-from loom.core.errors import InvalidRequest, LoomError, TooLarge, Unauthorized, http_status
 from loom.core.lifecycle import Started
-from loom.runtime.access import UNAUTHORIZED, authorized, is_loopback, is_open
+from loom.runtime.access import is_loopback
+from loom.runtime.web.asgi import (
+    BearerToken,
+    BodyLimit,
+    add_error_handlers,
+    loom_error,
+    malformed_request,
+)
 
 __all__ = [
     "GRACEFUL_S",
@@ -37,109 +45,6 @@ __all__ = [
 ]
 
 GRACEFUL_S = 5.0  # open requests get this long to finish when a server stops
-
-
-class BodyLimit:
-    """ASGI middleware: a request body over `max_bytes` is a 413, whether its Content-Length
-    says so up front or a chunked body grows past it. `hint` names the setting to raise."""
-
-    def __init__(self, app: ASGIApp, max_bytes: int, hint: str = "--max-body-bytes") -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-        self.hint = hint
-
-    def _too_large(self) -> JSONResponse:
-        exc = TooLarge(f"request body over {self.max_bytes} bytes ({self.hint})")
-        return JSONResponse(
-            status_code=http_status(exc), content={"detail": str(exc), "error": exc.code}
-        )
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._too_large()(scope, receive, send)
-            return
-        seen = 0
-        refused = False
-
-        async def counted() -> Message:
-            nonlocal seen, refused
-            message = await receive()
-            if message["type"] == "http.request" and not refused:
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    # NOTE: answered here, as the body grows: an exception would reach
-                    # FastAPI's body parsing, which turns any error into a 400
-                    refused = True
-                    await self._too_large()(scope, receive, send)
-                    return {"type": "http.disconnect"}
-            return message
-
-        async def guarded(message: Message) -> None:
-            if not refused:  # the app's own answer, after ours, goes nowhere
-                await send(message)
-
-        await self.app(scope, counted, guarded)
-
-
-class BearerToken:
-    """ASGI middleware: every HTTP request but health and metrics (`open_health`; all of them
-    without it) must carry `Authorization: Bearer <token>`: 401 otherwise (`loom.runtime.
-    access`'s rule, the router's too)."""
-
-    def __init__(self, app: ASGIApp, token: str, open_health: bool = True) -> None:
-        self.app = app
-        self.token = token
-        self.open_health = open_health
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and not is_open(scope["path"], self.open_health):
-            given = dict(scope["headers"]).get(b"authorization")
-            if not authorized(given, self.token):
-                exc = Unauthorized(UNAUTHORIZED)
-                response = JSONResponse(
-                    status_code=http_status(exc),
-                    content={"detail": str(exc), "error": exc.code},
-                    headers={"WWW-Authenticate": "Bearer"},
-                )
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
-async def malformed_request(request: Request, exc: Exception) -> JSONResponse:
-    """A request FastAPI could not validate is bad input like any other (400, as every Loom
-    service answers bad input): where and what, never the bad value."""
-    # NOTE: FastAPI's own handler echoes each bad input, and a NaN or an infinity echoed
-    # is not JSON: the response fails and the connection drops. Say what was wrong only.
-    assert isinstance(exc, RequestValidationError)
-    detail = [
-        {"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": e.get("type")}
-        for e in exc.errors()
-    ]
-    status = http_status(InvalidRequest())
-    return JSONResponse(status_code=status, content={"detail": detail, "error": "invalid"})
-
-
-async def loom_error(request: Request, exc: Exception) -> JSONResponse:
-    """A Loom error kind, answered with the status `loom.core.errors.http_status` maps it to
-    and its `code`, so that a client raises the kind the service raised."""
-    assert isinstance(exc, LoomError)
-    code = getattr(exc, "CODE", None) or exc.code
-    status = http_status(exc)
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return JSONResponse(
-        status_code=status, content={"detail": str(exc), "error": code}, headers=headers
-    )
-
-
-def add_error_handlers(app: FastAPI) -> None:
-    """The error mapping every FastAPI service uses: bad input and Loom's error kinds."""
-    app.add_exception_handler(RequestValidationError, malformed_request)
-    app.add_exception_handler(LoomError, loom_error)
 
 
 def uvicorn_config(app: FastAPI, host: str, port: int, log_level: str = "info") -> uvicorn.Config:

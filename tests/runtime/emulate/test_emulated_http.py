@@ -258,7 +258,7 @@ def test_bad_requests_say_what_is_wrong(engine, body, status, message) -> None:
 
 def test_a_body_that_is_not_json_is_refused(engine: EmulatedProcess) -> None:
     resp = httpx.post(engine.url + "/v1/completions", content=b"{nope", timeout=10)
-    assert resp.status_code == 400 and "not JSON" in resp.json()["error"]["message"]
+    assert resp.status_code == 400 and "not valid JSON" in resp.json()["error"]["message"]
 
 
 def test_a_full_engine_queues_the_rest() -> None:

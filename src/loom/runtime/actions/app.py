@@ -9,7 +9,6 @@ from typing import Annotated
 
 from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.responses import Response
-from prometheus_client import CONTENT_TYPE_LATEST
 
 from loom._version import __version__
 from loom.runtime.actions.config import ActionServerConfig
@@ -24,6 +23,7 @@ from loom.runtime.actions.schemas import (
     TrajectoryEnded,
 )
 from loom.runtime.service import BearerToken, BodyLimit, add_error_handlers
+from loom.runtime.web.probes import METRICS_CONTENT_TYPE, health
 
 # BearerToken and BodyLimit moved to loom.runtime.service; still importable from here
 __all__ = ["BearerToken", "BodyLimit", "create_app"]
@@ -82,12 +82,12 @@ def _add_error_handlers(app: FastAPI) -> None:
 def _add_routes(app: FastAPI) -> None:
     @app.get("/healthz", tags=["server"])
     async def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+        return health()
 
     @app.get("/metrics", tags=["server"], response_class=Response)
     async def metrics(driver: Driver) -> Response:
         """Prometheus: queued, running, busy cores, ACT by kind, failures by reason."""
-        return Response(driver.metrics_text(), media_type=CONTENT_TYPE_LATEST)
+        return Response(driver.metrics_text(), media_type=METRICS_CONTENT_TYPE)
 
     @app.get("/v1/stats", tags=["server"])
     async def stats(driver: Driver) -> ServerStats:

@@ -3,10 +3,11 @@ servers may share a process in tests and benchmarks)."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from loom.core.actions import ActionStatus
 from loom.runtime.actions.record import ActionRecord
+from loom.runtime.web.probes import exposition
 
 __all__ = ["ActionMetrics"]
 
@@ -63,4 +64,4 @@ class ActionMetrics:
         self.queued.set(queued)
         self.running.set(running)
         self.busy_cores.set(busy_cores)
-        return generate_latest(self.registry)
+        return exposition(self.registry)

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Query
-from fastapi.responses import JSONResponse, PlainTextResponse
-from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from fastapi.responses import Response
+from prometheus_client import CollectorRegistry, Gauge
 from pydantic import BaseModel, ConfigDict, Field
 
 from loom.cluster.faults import DeadlinePolicy, RecoveryPolicy
@@ -42,6 +42,8 @@ from loom.runtime.service import (
     add_error_handlers,
     run_app,
 )
+from loom.runtime.web.asgi import metrics_response
+from loom.runtime.web.probes import health
 from loom.state.sidecar import SidecarConfig
 
 __all__ = ["BackgroundCluster", "ClusterConfig", "create_app", "serve"]
@@ -262,7 +264,7 @@ def create_app(config: ClusterConfig, driver: ClusterDriver | None = None) -> Fa
         return await drv().state_stats()
 
     @app.get("/metrics")
-    async def metrics() -> PlainTextResponse:
+    async def metrics() -> Response:
         for g, s in enumerate(drv().groups):
             queued.labels(str(g)).set(len(s.queue))
         counts: dict[tuple[str, str], int] = {}
@@ -270,11 +272,11 @@ def create_app(config: ClusterConfig, driver: ClusterDriver | None = None) -> Fa
             counts[(r.kind, r.status.value)] = counts.get((r.kind, r.status.value), 0) + 1
         for (kind, status), n in counts.items():
             ops_seen.labels(kind, status).set(n)
-        return PlainTextResponse(generate_latest(registry).decode())
+        return metrics_response(registry)
 
     @app.get("/healthz")
-    async def healthz() -> JSONResponse:
-        return JSONResponse({"ok": True})
+    async def healthz() -> dict[str, Any]:
+        return health()
 
     return app
 

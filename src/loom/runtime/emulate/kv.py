@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 import aiohttp
 from aiohttp import web
 
-from loom.core.errors import ConfigError, InvalidRequest
+from loom.core.errors import ConfigError, InvalidRequest, StorageFull, UpstreamError
 from loom.perf.transfer import KvLinks
 from loom.runtime.emulate.core import UnknownCopy
 from loom.runtime.emulate.wire import bad as _bad
@@ -86,7 +86,7 @@ class KvRoutes:
             tokens = _tokens(body.get("tokens"))
             to = _loopback_url(body.get("to"))
         except InvalidRequest as exc:
-            return _bad(str(exc))
+            return _bad(exc)
         with server.clock.step():
             tid, n = core.hold_prefix(tokens)
         if n == 0:
@@ -106,9 +106,9 @@ class KvRoutes:
             await self._call(to, "commit", {"id": cid})
             sent = n
         except _Refused as exc:
-            return _bad(f"engine {to} took no KV copy: {exc}", 502)
+            return _bad(UpstreamError(f"engine {to} took no KV copy: {exc}"))
         except (aiohttp.ClientError, TimeoutError, KeyError, TypeError, ConfigError) as exc:
-            return _bad(f"the KV copy to {to} failed: {exc!r}", 502)
+            return _bad(UpstreamError(f"the KV copy to {to} failed: {exc!r}"))
         finally:
             with server.clock.step():
                 core.release_prefix(tid, sent)
@@ -128,9 +128,9 @@ class KvRoutes:
             with server.clock.step():
                 cid = server.core.reserve_prefix(tokens, float(hold))
         except InvalidRequest as exc:
-            return _bad(str(exc))
+            return _bad(exc)
         if cid is None:
-            return _bad(f"no room for {len(tokens)} tokens of KV", 507)
+            return _bad(StorageFull(f"no room for {len(tokens)} tokens of KV"))
         return _json({"id": cid, "links": asdict(server.core.links)})
 
     async def commit(self, request: web.Request) -> web.Response:
@@ -152,9 +152,9 @@ class KvRoutes:
                 server.core.cancel_prefix(cid)
                 return _json({"cancelled": cid})
         except InvalidRequest as exc:
-            return _bad(str(exc))
+            return _bad(exc)
         except UnknownCopy as exc:
-            return _bad(str(exc), 404)
+            return _bad(exc)
 
     # ---- calls to the receiver ------------------------------------------------------------
     async def _call(self, to: str, what: str, body: dict[str, Any]) -> dict[str, Any]:

@@ -27,11 +27,11 @@ from typing import Any
 
 import orjson
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from loom.core.errors import InvalidRequest
+from loom.core.errors import InvalidRequest, NotFound
 from loom.runtime.emulate.clock import WallClock
 from loom.runtime.emulate.config import EmulatedEngineConfig
 from loom.runtime.emulate.core import EmulatedEngine, Request
@@ -46,9 +46,11 @@ from loom.runtime.emulate.tokens import (
     prompt_logprobs,
     tokenize,
 )
+from loom.runtime.emulate.wire import SHAPE, read_body
 from loom.runtime.emulate.wire import bad as _bad
 from loom.runtime.emulate.wire import json_response as _json
-from loom.runtime.emulate.wire import read_body
+from loom.runtime.web.aio import error_middleware, metrics_response
+from loom.runtime.web.probes import health
 from loom.sim.engine import Engine
 
 __all__ = ["EmulatedServer", "serve"]
@@ -56,6 +58,7 @@ __all__ = ["EmulatedServer", "serve"]
 log = logging.getLogger("loom.emulate")
 
 VERSION = "0.32.0"  # the vLLM whose dialect it speaks
+MAX_BODY_BYTES = 256 * 1024 * 1024  # a request body over this is a 413
 # Fields that constrain what a real engine generates and that this model cannot honour.
 REFUSED = (
     "structured_outputs",
@@ -93,7 +96,7 @@ class _Params:
         if fmt not in (None, {}) and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
             raise InvalidRequest("response_format is not supported by the emulated engine")
         if body.get("model") not in (None, model):
-            raise LookupError(f"The model `{body['model']}` does not exist.")
+            raise NotFound(f"The model `{body['model']}` does not exist.")
         if body.get("n") not in (None, 1):
             raise InvalidRequest("n > 1 is not supported by the emulated engine")
         if body.get("echo"):
@@ -205,7 +208,10 @@ class EmulatedServer:
 
     # ---- lifecycle ----------------------------------------------------------------------
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=256 * 1024 * 1024)
+        app = web.Application(
+            client_max_size=MAX_BODY_BYTES,
+            middlewares=[error_middleware(SHAPE, max_bytes=MAX_BODY_BYTES, hint="the engine's")],
+        )
         app.router.add_get("/health", self.health)
         app.router.add_get("/version", self.version)
         app.router.add_get("/v1/models", self.models)
@@ -251,7 +257,7 @@ class EmulatedServer:
 
     # ---- routes -------------------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:
-        return web.Response()
+        return _json(health())
 
     async def version(self, request: web.Request) -> web.Response:
         return _json({"version": VERSION})
@@ -298,9 +304,7 @@ class EmulatedServer:
         return _json({"prompt": detokenize(tokens)})
 
     async def metrics(self, request: web.Request) -> web.Response:
-        return web.Response(
-            body=generate_latest(self.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
-        )
+        return metrics_response(self.registry)
 
     async def requests(self, request: web.Request) -> web.Response:
         """Every request received (the latest 200,000): emulated seconds of its arrival,
@@ -349,8 +353,8 @@ class EmulatedServer:
             header = request.headers.get("X-Vllm-Priority")
             if header is not None:
                 p.priority = int(header)
-        except LookupError as exc:
-            return _bad(str(exc.args[0]), 404)
+        except NotFound as exc:
+            return _bad(exc)
         except (InvalidRequest, ValueError) as exc:
             return _bad(str(exc))
         rid = request.headers.get("X-Request-Id") or body.get("request_id") or uuid.uuid4().hex
@@ -368,7 +372,7 @@ class EmulatedServer:
                     priority=p.priority,
                 )
         except InvalidRequest as exc:
-            return _bad(str(exc))
+            return _bad(exc)
         try:
             if p.stream:
                 return await self._stream(request, req, p)
@@ -485,7 +489,7 @@ async def _body(request: web.Request) -> dict[str, Any] | web.Response:
     try:
         return await read_body(request)
     except InvalidRequest as exc:
-        return _bad(str(exc))
+        return _bad(exc)
 
 
 def serve(

@@ -76,7 +76,7 @@ class ServingRoutes:
             if isinstance(step, bool) or not isinstance(step, int) or step < 0:
                 raise InvalidRequest("step must be an integer >= 0")
         except InvalidRequest as exc:
-            return _bad(str(exc))
+            return _bad(exc)
         with self.server.clock.step():
             self.core.begin_step(step)
         return _json({"step": step})
@@ -100,7 +100,7 @@ class ServingRoutes:
             with self.server.clock.step():
                 req = self.core.serve(len(prompt), n, lambda _r: ended.set())
         except InvalidRequest as exc:
-            return _bad(str(exc))
+            return _bad(exc)
         await ended.wait()
         prefill = self.core.coserve.role == Role.PREFILL
         out = generate(prompt, 1 if prefill else n, ignore_eos=True).tokens

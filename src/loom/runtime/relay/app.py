@@ -8,7 +8,6 @@ from typing import Annotated, Any
 
 from fastapi import Body, FastAPI, Path, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import ClientDisconnect
 
@@ -21,6 +20,7 @@ from loom.runtime.relay.memory import InMemoryStore
 from loom.runtime.relay.metrics import RelayMetrics
 from loom.runtime.relay.store import MAX_VERSION, ObjectInfo, Role
 from loom.runtime.service import BearerToken, BodyLimit, add_error_handlers, loom_error
+from loom.runtime.web.probes import METRICS_CONTENT_TYPE, health
 
 __all__ = ["create_app"]
 
@@ -103,13 +103,13 @@ async def _body(request: Request) -> bytes | None:
 def _add_object_routes(app: FastAPI) -> None:
     @app.get("/healthz", tags=["server"])
     async def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+        return health()
 
     @app.get("/metrics", tags=["server"], response_class=Response)
     async def metrics(request: Request) -> Response:
         """Prometheus: bytes and objects stored, capacity, bytes put and read, refusals."""
         text = _metrics(request).render(_store(request).stats())
-        return Response(text, media_type=CONTENT_TYPE_LATEST)
+        return Response(text, media_type=METRICS_CONTENT_TYPE)
 
     @app.get("/v1/stats", tags=["server"])
     async def stats(request: Request) -> dict[str, int]:

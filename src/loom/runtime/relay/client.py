@@ -17,12 +17,11 @@ from __future__ import annotations
 import builtins
 import contextlib
 from collections.abc import Iterator, Sequence
-from functools import partial
 from typing import Any
 
 import httpx
 
-from loom.runtime.http_client import HttpClient, checked, fastapi_detail
+from loom.runtime.http_client import HttpClient, checked
 from loom.runtime.relay.errors import (
     InvalidRequestError,
     RelayError,
@@ -45,16 +44,13 @@ __all__ = ["RelayClient"]
 _PIECE = 1 << 20
 
 
-def _code(resp: httpx.Response) -> str | None:
-    with contextlib.suppress(ValueError, AttributeError):
-        code = resp.json().get("error")
-        return code if isinstance(code, str) else None
-    return None
+def _error(status: int, message: str, code: str | None) -> RelayError:
+    return error_for(code, status, message)
 
 
 def _check(resp: httpx.Response) -> Any:
-    """The JSON of a success; the store's exception for a refusal."""
-    return checked(resp, partial(error_for, _code(resp) if resp.is_error else None), fastapi_detail)
+    """The JSON of a success; the store's exception for a refusal (by its code)."""
+    return checked(resp, _error)
 
 
 def _pieces(view: memoryview) -> Iterator[memoryview]:

@@ -13,6 +13,7 @@ import json
 import struct
 from collections.abc import Iterator, Sequence
 
+from loom.core.errors import InvalidRequest
 from loom.runtime.relay.store import ObjectInfo
 
 __all__ = [
@@ -31,8 +32,9 @@ _LENGTH = struct.Struct(">Q")
 _MAX_INDEX = 64 << 20
 
 
-class FramingError(ValueError):
-    """A batch body that does not follow the format (cut short, or not a batch at all)."""
+class FramingError(InvalidRequest):
+    """A batch body that does not follow the format (cut short, or not a batch at all): bad
+    input (400) on the relay, a ValueError for whoever decodes it."""
 
 
 def encode_index(infos: Sequence[ObjectInfo]) -> bytes:

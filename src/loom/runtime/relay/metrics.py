@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from loom.runtime.relay.memory import StoreStats
+from loom.runtime.web.probes import exposition
 
 __all__ = ["RelayMetrics"]
 
@@ -45,4 +46,4 @@ class RelayMetrics:
         self.members.set(stats.members)
         self.dropped.inc(stats.dropped - self._dropped_seen)
         self._dropped_seen = stats.dropped
-        return generate_latest(self.registry)
+        return exposition(self.registry)

@@ -15,13 +15,15 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
+from loom.core.errors import LoomError
+
 __all__ = ["RelayProcess", "RelayStartError"]
 
 _BOUND = re.compile(r"loom relay on (http://\S+)")
 _TAIL = 50  # output lines kept to explain a failed start
 
 
-class RelayStartError(RuntimeError):
+class RelayStartError(LoomError, RuntimeError):
     """The relay exited, or did not say where it listens, in time; its last output is kept."""
 
 

@@ -20,15 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import orjson
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from loom.core.errors import NotFound, TooLarge, Unauthorized, Unavailable, http_status
-from loom.runtime.access import UNAUTHORIZED, authorized, is_open
+from loom.core.errors import NotFound, Unavailable
 from loom.runtime.rollout.config import EngineConfig, RolloutServerConfig
 from loom.runtime.rollout.driver import BatchEntry, RolloutDriver, UnknownTrajectory, stable_id
 from loom.runtime.rollout.engines import Delta, EngineError
@@ -46,6 +45,15 @@ from loom.runtime.rollout.protocol import (
 )
 from loom.runtime.rollout.state import EngineState, Turn
 from loom.runtime.rollout.turn import TurnState
+from loom.runtime.web import probes
+from loom.runtime.web.aio import (
+    Handler,
+    auth_middleware,
+    error_middleware,
+    json_response,
+    metrics_response,
+)
+from loom.runtime.web.errors import ErrorShape
 
 __all__ = ["DRIVER", "ROUTER_WORKER", "create_app"]
 
@@ -55,8 +63,7 @@ ROUTER_WORKER = "_router"
 _dumps = orjson.dumps
 
 
-def _json(data: Any, status: int = 200) -> web.Response:
-    return web.Response(body=_dumps(data), status=status, content_type="application/json")
+_json = json_response
 
 
 def _error(message: str, status: int) -> web.Response:
@@ -126,9 +133,20 @@ class _Abort(BaseModel):
 
 
 def create_app(config: RolloutServerConfig, driver: RolloutDriver | None = None) -> web.Application:
-    middlewares = [_errors] if config.token is None else [_errors, _auth(config)]
-    app = web.Application(client_max_size=int(config.max_body_mb * 2**20), middlewares=middlewares)
-    app[DRIVER] = driver or RolloutDriver(config)
+    driver = driver or RolloutDriver(config)
+    max_bytes = int(config.max_body_mb * 2**20)
+    middlewares = [
+        error_middleware(
+            ErrorShape.OPENAI,
+            max_bytes=max_bytes,
+            hint="max_body_mb",
+            on_error=lambda status: driver.metrics.errors.labels(str(status)).inc(),
+        )
+    ]
+    if config.token is not None:
+        middlewares.append(auth_middleware(config.token, config.open_health))
+    app = web.Application(client_max_size=max_bytes, middlewares=middlewares)
+    app[DRIVER] = driver
 
     async def on_startup(app: web.Application) -> None:
         await app[DRIVER].start()
@@ -172,52 +190,6 @@ def create_app(config: RolloutServerConfig, driver: RolloutDriver | None = None)
     r.add_get("/health", health)
     r.add_get("/health_generate", health)
     return app
-
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-@web.middleware
-async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    driver = request.app[DRIVER]
-    try:
-        resp = await handler(request)
-    except web.HTTPRequestEntityTooLarge:
-        exc = TooLarge(
-            f"the body is larger than the router's limit of {driver.config.max_body_mb} MB"
-        )
-        resp = _error(str(exc), http_status(exc))
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        resp = _error(exc.reason, exc.status)
-    except (asyncio.CancelledError, ConnectionResetError):
-        raise
-    except Exception as exc:
-        status = http_status(exc)
-        if status == 500:
-            raise
-        resp = _error(str(exc), status)
-    if resp.status >= 400:
-        driver.metrics.errors.labels(str(resp.status)).inc()
-    return resp
-
-
-def _auth(config: RolloutServerConfig) -> Any:
-    """Every request but health and metrics carries the router's token (one rule for every
-    service: `loom.runtime.access`)."""
-    token = config.token
-    assert token is not None
-
-    @web.middleware
-    async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if not is_open(request.path, config.open_health) and not authorized(
-            request.headers.get("Authorization"), token
-        ):
-            raise Unauthorized(UNAUTHORIZED)
-        return await handler(request)
-
-    return auth
 
 
 async def _read(request: web.Request) -> dict[str, Any]:
@@ -784,15 +756,9 @@ async def stats(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    return web.Response(
-        body=request.app[DRIVER].metrics.render(),
-        headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
-    )
+    return metrics_response(request.app[DRIVER].metrics.registry)
 
 
 async def health(request: web.Request) -> web.Response:
-    driver = request.app[DRIVER]
-    live = len(driver.live())
-    if not live:
-        raise Unavailable("no live engine")
-    return _json({"status": "ok", "engines": live})
+    live = len(request.app[DRIVER].live())
+    return _json(probes.health(None if live else "no live engine", engines=live))

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -21,6 +21,7 @@ from prometheus_client.registry import Collector
 
 from loom.runtime.rollout.ledger import LATENCY_BUCKETS, Ledger
 from loom.runtime.rollout.ledger import Histogram as Observed
+from loom.runtime.web.probes import exposition
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -115,4 +116,4 @@ class RouterMetrics:
         return child
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return exposition(self.registry)

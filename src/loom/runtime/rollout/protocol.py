@@ -21,8 +21,6 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-import orjson
-
 from loom.core.errors import NotFound
 from loom.runtime.rollout.config import EngineKind
 from loom.runtime.rollout.fields import (
@@ -38,6 +36,8 @@ from loom.runtime.rollout.fields import (
 )
 from loom.runtime.rollout.state import Turn
 from loom.runtime.rollout.turn import LogprobSpec, TurnRequest
+from loom.runtime.web.errors import ErrorShape, code_for_status, render_message
+from loom.runtime.web.limits import json_object
 
 __all__ = [
     "BadRequest",
@@ -94,16 +94,7 @@ def _reject_constant(name: str) -> Any:
     raise BadRequest(f"{name} is not a valid JSON number")
 
 
-def parse_body(raw: bytes) -> dict[str, Any]:
-    if not raw:
-        raise BadRequest("the request needs a JSON body")
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"the body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise BadRequest("the body must be a JSON object")
-    return body
+parse_body = json_object  # the shared layer's reading of a JSON object body
 
 
 def trajectory_key(headers: Mapping[str, str], body: Mapping[str, Any]) -> str | None:
@@ -710,5 +701,6 @@ def render_full(renderer: Renderer, turns: Sequence[Turn], version: int) -> Any:
 
 
 def error_body(message: str, status: int) -> dict[str, Any]:
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    return {"error": {"message": message, "type": kind, "code": status}}
+    """An error the router answers with a status only (a failed turn, mid-stream): OpenAI's
+    shape, rendered by the shared layer."""
+    return render_message(message, status, code_for_status(status), ErrorShape.OPENAI).body

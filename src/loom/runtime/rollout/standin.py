@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from loom.proc.tether import Tethered
+from loom.runtime.access import authorized
 
 if TYPE_CHECKING:
     from loom.perf.latency import ProfiledLatencyModel
@@ -316,11 +317,10 @@ class StandinEngine:
         """The injected fault, on every route but /debug."""
         if request.path.startswith("/debug"):
             return await handler(request)  # type: ignore[no-any-return]
-        wanted = f"Bearer {self.token}"
         if (
             self.token
             and request.path != "/health"
-            and request.headers.get("Authorization") != wanted
+            and not authorized(request.headers.get("Authorization"), self.token)
         ):
             return web.json_response({"error": "missing or wrong token"}, status=401)
         if self.fault == "hang":

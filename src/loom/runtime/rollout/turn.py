@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
+from loom.core.errors import Conflict
+
 __all__ = [
     "TRANSITIONS",
     "Delta",
@@ -68,8 +70,9 @@ waited its bound (aged) and 1 for any other, then the scheduler's key (aged: the
 arrival, so that aged turns run oldest first)."""
 
 
-class TurnStateError(RuntimeError):
-    """A state change the turn lifecycle does not allow (a bug in the caller)."""
+class TurnStateError(Conflict, RuntimeError):
+    """A state change the turn lifecycle does not allow (a bug in the caller; 409 should one
+    reach a response)."""
 
 
 @dataclass(frozen=True, slots=True)
