@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 
 from loom.cluster.faults import DeadlinePolicy, RecoveryAction, RecoveryPolicy
 from loom.cluster.plexrl.group import Dispatch, GroupScheduler
-from loom.cluster.plexrl.hrrs import OP_POLICIES, Op, OpPolicyKind
+from loom.cluster.plexrl.hrrs import OP_POLICIES, Op, OpPolicy, OpPolicyKind, SetupCost
 from loom.cluster.plexrl.placement import JobPlacement, PlacementConfig, PlexPlacement
 from loom.cluster.plexrl.timeline import HORIZON_SLOTS, Footprint, Timeline
 from loom.core.errors import ConfigError, Conflict, NotFound
@@ -192,13 +192,22 @@ class CoreSettings:
 
 
 class ClusterCore:
-    def __init__(self, settings: CoreSettings) -> None:
+    def __init__(
+        self,
+        settings: CoreSettings,
+        *,
+        op_policy: Callable[[], OpPolicy] | None = None,
+        setup: SetupCost | None = None,
+    ) -> None:
+        """`op_policy` makes each node group's operation policy (`settings.policy`'s by
+        default); `setup` is what a switch costs (by default the switches measured here, else
+        `default_switch_s`): the simulator injects its cost model."""
         self.settings = s = settings
         self.deployments: dict[str, Deployment] = {}
         self.ops: dict[int, OpRecord] = {}
+        make_policy = op_policy or OP_POLICIES.get(s.policy)
         self.groups = [
-            GroupScheduler(OP_POLICIES.get(s.policy)(), self._setup_estimate)
-            for _ in range(s.groups)
+            GroupScheduler(make_policy(), setup or self._setup_estimate) for _ in range(s.groups)
         ]
         # PlexRL's placement over the node groups (one timeline node each): cold starts take a
         # group of their own, profiled traces are fitted with a phase shift
@@ -262,13 +271,19 @@ class ClusterCore:
         if self.placement.group_of(dep_id) is not None:
             self.placement.release(dep_id)
 
-    def add(self, dep: Deployment, estimates: dict[str, float] | None = None) -> bool:
+    def add(
+        self, dep: Deployment, estimates: dict[str, float] | None = None, *, resident: bool = True
+    ) -> bool:
         """Record a started deployment; True if it must wait offloaded for its turn (its
-        group holds another job's state, or is busy)."""
+        group holds another job's state, or is busy). A deployment starts resident where
+        its group is free; `resident=False`: its state is not on the group yet (its first
+        operation loads it)."""
         self.deployments[dep.id] = dep
         for kind, secs in (estimates or {}).items():
             self._exec[(dep.id, kind)] = float(secs)
         sched = self.groups[dep.group]
+        if not resident:
+            return False
         if sched.resident is None and sched.running is None:
             sched.resident = dep.id
             return False
@@ -353,7 +368,11 @@ class ClusterCore:
                 ev.Accepted(rec.op_id),
                 ev.Checkpoint(dep.id, rec.op_id, path, rec.deadline_s or 0),
             ]
-        exec_s = self._exec.get((dep.id, e.kind), self.settings.default_exec_s)
+        exec_s = (
+            e.estimate_s
+            if e.estimate_s is not None
+            else self._exec.get((dep.id, e.kind), self.settings.default_exec_s)
+        )
         self.groups[dep.group].submit(Op(rec.op_id, dep.id, rec.submitted_s, exec_s, dep.seq))
         dep.seq += 1
         return [ev.Accepted(rec.op_id), *self._pump(dep.group, now)]
@@ -387,6 +406,10 @@ class ClusterCore:
 
     def last_id(self) -> int:
         return self._last_id
+
+    def dispatched(self, op_id: int) -> Dispatch:
+        """The switch the scheduler planned for a dispatched operation, until its turn."""
+        return self._dispatched[op_id]
 
     # ---- one operation's flow on its group ---------------------------------------------------
     def _live(self, dep_id: str | None) -> Deployment | None:

@@ -84,12 +84,15 @@ class Event:
 
 @dataclass(frozen=True)
 class Submit(Event):
-    """A caller asks for an operation (its payload already checked against the model)."""
+    """A caller asks for an operation (its payload already checked against the model).
+    `estimate_s`: how long it will run, where the caller knows (the simulator); else the
+    deployment's measured or profiled duration is the scheduler's estimate."""
 
     dep: str
     kind: str
     payload: dict[str, Any]
     deadline_s: float | None = None
+    estimate_s: float | None = None
 
 
 @dataclass(frozen=True)

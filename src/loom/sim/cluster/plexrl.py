@@ -16,8 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from loom.cluster.plexrl.group import GroupScheduler
-from loom.cluster.plexrl.hrrs import Op, OpPolicy, PlannedOp, SetupCost
+from loom.cluster.plexrl.hrrs import OpPolicy, SetupCost
 from loom.core.errors import ConfigError
+from loom.runtime.cluster import events as ev
+from loom.runtime.cluster.core import ClusterCore, CoreSettings, Deployment
 from loom.sim.engine import Engine
 
 __all__ = ["GroupJob", "GroupResult", "NodeGroupSimulator", "OpRecord"]
@@ -88,21 +90,31 @@ class _JobState:
 
 
 class NodeGroupSimulator:
-    """Runs `jobs` over one node group under `policy`; same inputs, same result."""
+    """Runs `jobs` over one node group under `policy`; same inputs, same result. The group's
+    decisions are the cluster service's own core (`ClusterCore`): the simulator submits each
+    operation, takes the core's commands and ends each step at its simulated time, so the
+    service and the simulator cannot drift apart."""
 
     def __init__(self, jobs: Sequence[GroupJob], policy: OpPolicy, setup: SetupCost) -> None:
         if len({j.job_id for j in jobs}) != len(jobs):
             raise ConfigError("job ids must be unique")
         self.jobs = {j.job_id: _JobState(j) for j in jobs}
-        self.group = GroupScheduler(policy, setup)
+        names = tuple(dict.fromkeys(name for j in jobs for name, _ in j.train_ops))
+        self.core = ClusterCore(
+            CoreSettings(groups=1, known_ops=names), op_policy=lambda: policy, setup=setup
+        )
+        for j in jobs:  # (no job's state is on the group before its first operation)
+            self.core.add(Deployment(j.job_id, j.job_id, 0), resident=False)
         self.eng = Engine()
         self._meta: dict[int, tuple[str, int, int]] = {}  # op id -> (job, step, op index)
-        self._next_op = 0
-        self.running: PlannedOp | None = None
+        self._setup: dict[int, float] = {}  # a dispatched operation's switch, in seconds
         self.records: list[OpRecord] = []
         self.step_end: dict[str, list[float]] = {j.job_id: [] for j in jobs}
         self.rollout_end: dict[str, list[float]] = {j.job_id: [] for j in jobs}
-        self._seq: dict[str, int] = {j.job_id: 0 for j in jobs}
+
+    @property
+    def group(self) -> GroupScheduler:
+        return self.core.groups[0]
 
     def run(self) -> GroupResult:
         for st in self.jobs.values():
@@ -140,34 +152,52 @@ class NodeGroupSimulator:
         if st.in_flight or not st.chain:
             return
         step, i = st.chain.pop(0)
-        _name, exec_s = st.job.train_ops[i]
-        op = Op(self._next_op, job_id, self.eng.now, exec_s, self._seq[job_id])
-        self._seq[job_id] += 1
-        self._meta[op.op_id] = (job_id, step, i)
-        self._next_op += 1
+        name, exec_s = st.job.train_ops[i]
         st.in_flight = True
-        self.group.submit(op)
-        self._dispatch()
+        cmds = self.core.handle(ev.Submit(job_id, name, {}, estimate_s=exec_s), self.eng.now)
+        accepted = cmds[0]
+        assert isinstance(accepted, ev.Accepted)
+        self._meta[accepted.op_id] = (job_id, step, i)
+        self._carry_out(cmds[1:])
 
-    # ---- the node group -------------------------------------------------------------------
-    def _dispatch(self) -> None:
-        d = self.group.next(self.eng.now)
-        if d is None:
+    # ---- the node group: the core's commands, carried out in simulated time ----------------
+    def _carry_out(self, cmds: list[ev.Command]) -> None:
+        for cmd in cmds:
+            if isinstance(cmd, ev.Dispatch):  # (the group is free: its turn is now)
+                self._setup[cmd.op_id] = self.core.dispatched(cmd.op_id).setup_s
+                self._carry_out(self.core.handle(ev.Turn(cmd.group, cmd.op_id), self.eng.now))
+            elif isinstance(cmd, ev.Run):
+                self.eng.after(self._duration(cmd), self._step_ended, cmd.op_id)
+            elif isinstance(cmd, ev.Ended):
+                self._ended(cmd.op_id)
+            else:  # hints to a node's state manager: none here
+                assert isinstance(cmd, ev.Hint), f"the simulator cannot carry out {cmd!r}"
+
+    def _duration(self, run: ev.Run) -> float:
+        """A step's simulated time: the whole switch on its load (the offload before it
+        takes none), an operation its job's own duration."""
+        if run.kind == "offload":
+            return 0.0
+        if run.kind == "load":
+            owner = next(op for op, (job, _, _) in self._meta.items() if job == run.dep)
+            return self._setup[owner]
+        job_id, _, i = self._meta[run.op_id]
+        return self.jobs[job_id].job.train_ops[i][1]
+
+    def _step_ended(self, op_id: int) -> None:
+        self._carry_out(self.core.handle(ev.StepEnded(op_id, ev.Ok(None, 0.0)), self.eng.now))
+
+    def _ended(self, op_id: int) -> None:
+        if op_id not in self._meta:  # an offload or a load
             return
-        start = self.eng.now + d.setup_s
-        self.running = PlannedOp(d.op, start, start + d.op.exec_s, d.setup_s)
-        self.eng.schedule(start + d.op.exec_s, self._op_done)
-
-    def _op_done(self) -> None:
-        done = self.running
-        assert done is not None, "one operation at a time"
-        self.running = None
-        self.group.done(done.op.op_id)
-        job_id, step, i = self._meta.pop(done.op.op_id)
+        rec = self.core.ops[op_id]
+        assert rec.started_s is not None and rec.ended_s is not None
+        job_id, step, i = self._meta.pop(op_id)
+        setup_s = self._setup.pop(op_id)  # (as planned: the core's is measured, to the ulp)
         st = self.jobs[job_id]
         name, _ = st.job.train_ops[i]
         self.records.append(
-            OpRecord(job_id, step, name, done.op.arrival_s, done.start_s, done.end_s, done.setup_s)
+            OpRecord(job_id, step, name, rec.submitted_s, rec.started_s, rec.ended_s, setup_s)
         )
         st.in_flight = False
         if i == len(st.job.train_ops) - 1:
@@ -175,4 +205,3 @@ class NodeGroupSimulator:
             self.step_end[job_id].append(self.eng.now)
             self._start_rollout(job_id)
         self._submit_next(job_id)
-        self._dispatch()
