@@ -3,6 +3,7 @@ clock, in vLLM's dialect; no model, no GPU."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -143,16 +144,16 @@ def serve_emulated(
     from loom.runtime.access import is_loopback
     from loom.runtime.emulate.server import serve
 
-    if token is not None or config is not None:
-        raise typer.BadParameter("--token and --config are not supported with --emulate")
-    if not is_loopback(host) and not allow_open:
+    if config is not None:
+        raise typer.BadParameter("--config is not supported with --emulate")
+    if token is None and not is_loopback(host) and not allow_open:
         raise typer.BadParameter(
-            f"an emulated engine has no token: it binds loopback only (got --host {host}); "
-            "--allow-open to bind beyond it anyway"
+            f"binding {host} (beyond loopback) without a token lets whoever can reach it use "
+            "the engine: give a token (--token or LOOM_TOKEN), or --allow-open"
         )
     if ctx.params.get("role") is not None and ctx.params.get("coserve") is None:
         raise typer.BadParameter("--role is a lent GPU's serving role: it needs --coserve")
-    cfg = SETTINGS.build(ctx)
+    cfg = dataclasses.replace(SETTINGS.build(ctx), token=token)
 
     def announce(url: str) -> None:
         console.log(

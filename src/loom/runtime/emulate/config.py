@@ -128,6 +128,14 @@ class EmulatedEngineConfig:
             "rollout's (`loom.runtime.emulate.coserve`); None: a rollout engine"
         },
     )
+    token: str | None = field(
+        default=None,
+        repr=False,
+        metadata={
+            "help": "bearer token every route but health and metrics wants, as vLLM's "
+            "--api-key (also what it sends the engines it moves KV with)"
+        },
+    )
     stream_interval_s: float = field(
         default=0.05,
         metadata={
@@ -147,6 +155,8 @@ class EmulatedEngineConfig:
             raise ConfigError(f"node must be >= 0, got {self.node}")
         if not 0 < self.inter_node_gbs < math.inf:
             raise ConfigError(f"inter_node_gbs must be finite and > 0, got {self.inter_node_gbs}")
+        if self.token is not None and len(self.token) < 16:
+            raise ConfigError("a token needs 16 characters or more")
         if not self.stream_interval_s >= 0:
             raise ConfigError(f"stream_interval_s must be >= 0, got {self.stream_interval_s}")
 

@@ -68,8 +68,10 @@ class KvRoutes:
 
     def _session(self) -> aiohttp.ClientSession:
         if self.session is None:
+            token = self.server.cfg.token  # (the engines of one fleet share one)
             self.session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=CALL_TIMEOUT_S)
+                timeout=aiohttp.ClientTimeout(total=CALL_TIMEOUT_S),
+                headers={"Authorization": f"Bearer {token}"} if token else None,
             )
         return self.session
 

@@ -16,6 +16,7 @@ from loom.core.errors import ConfigError
 from loom.proc.tether import Tethered
 from loom.rollout.engine_queue import EngineSchedulingPolicy
 from loom.rollout.rose.admission import Role
+from loom.runtime.access import is_loopback
 from loom.runtime.emulate.config import CoServeSettings, EmulatedEngineConfig, EmulationSpec
 
 __all__ = ["EmulatedProcess", "main"]
@@ -101,7 +102,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--coserve", default=None, metavar="SERVING_MODEL", help=_help("coserve"))
     p.add_argument("--role", default="decode", choices=["prefill", "decode"], help=_ROLE)
+    p.add_argument("--token", default=None, help=_help("token"))
     args = p.parse_args(argv)
+    token = args.token
+    if token is None and not is_loopback(args.host):
+        p.error(f"binding {args.host} (beyond loopback) without a token: give --token")
     try:
         config = make_config(
             args.spec,
@@ -115,6 +120,7 @@ def main(argv: list[str] | None = None) -> None:
             node=args.node,
             stream_interval_s=args.stream_interval_ms / 1000,
             coserve=coserve(args.coserve, args.role),
+            token=token,
         )
     except ConfigError as exc:
         p.error(str(exc))

@@ -49,7 +49,7 @@ from loom.runtime.emulate.tokens import (
 from loom.runtime.emulate.wire import SHAPE, read_body
 from loom.runtime.emulate.wire import bad as _bad
 from loom.runtime.emulate.wire import json_response as _json
-from loom.runtime.web.aio import error_middleware, metrics_response
+from loom.runtime.web.aio import auth_middleware, error_middleware, metrics_response
 from loom.runtime.web.probes import health
 from loom.sim.engine import Engine
 
@@ -210,7 +210,10 @@ class EmulatedServer:
     def app(self) -> web.Application:
         app = web.Application(
             client_max_size=MAX_BODY_BYTES,
-            middlewares=[error_middleware(SHAPE, max_bytes=MAX_BODY_BYTES, hint="the engine's")],
+            middlewares=[
+                error_middleware(SHAPE, max_bytes=MAX_BODY_BYTES, hint="the engine's"),
+                *([] if self.cfg.token is None else [auth_middleware(self.cfg.token, True)]),
+            ],
         )
         app.router.add_get("/health", self.health)
         app.router.add_get("/version", self.version)
