@@ -4,8 +4,8 @@ token check, the body limit and the error bodies are the shared web layer's
 (`loom.runtime.web`; re-exported here), the same for the aiohttp services.
 
 The choice: two stacks over one shared layer, not one stack, because the router's server CPU
-per request is lower on aiohttp (250 µs against 320 µs on FastAPI: `benchmarks/
-bench_web_stack.py`, `docs/results/bench-web-stack.json`)."""
+per request is lower on aiohttp (measured by `benchmarks/bench_web_stack.py`; the figures are
+in `docs/services/rollout.md`, rendered from `docs/results/bench-web-stack.json`)."""
 
 from __future__ import annotations
 

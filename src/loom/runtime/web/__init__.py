@@ -5,10 +5,10 @@ action server, the relay, the cluster service on FastAPI) and aiohttp (`aio`: th
 router and the emulated engine).
 
 The choice: one layer over two stacks, not one stack: the router stays on aiohttp, where the
-same authenticated JSON route costs the server 250 µs of CPU a request against 320 µs on
-FastAPI/uvicorn (`benchmarks/bench_web_stack.py`, `docs/results/bench-web-stack.json`; rendered
-in `docs/services/rollout.md`); the control-plane services keep FastAPI for typed schemas and
-OpenAPI pages."""
+same authenticated JSON route costs the server less CPU a request than on FastAPI/uvicorn
+(`benchmarks/bench_web_stack.py`; the figures are in `docs/services/rollout.md`, rendered from
+`docs/results/bench-web-stack.json`); the control-plane services keep FastAPI for typed schemas
+and OpenAPI pages."""
 
 from loom.runtime.web.auth import refusal
 from loom.runtime.web.errors import ErrorShape, Rendered, code_of, error_parts, render
