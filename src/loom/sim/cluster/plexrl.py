@@ -185,7 +185,19 @@ class NodeGroupSimulator:
         return self.jobs[job_id].job.train_ops[i][1]
 
     def _step_ended(self, op_id: int) -> None:
+        if op_id in self._meta:  # a job's operation: its next one queues before the group
+            self._job_goes_on(op_id)  # picks what runs next, as a caller's does in the service
         self._carry_out(self.core.handle(ev.StepEnded(op_id, ev.Ok(None, 0.0)), self.eng.now))
+
+    def _job_goes_on(self, op_id: int) -> None:
+        job_id, _, i = self._meta[op_id]
+        st = self.jobs[job_id]
+        st.in_flight = False
+        if i == len(st.job.train_ops) - 1:
+            st.step_trained += 1
+            self.step_end[job_id].append(self.eng.now)
+            self._start_rollout(job_id)
+        self._submit_next(job_id)
 
     def _ended(self, op_id: int) -> None:
         if op_id not in self._meta:  # an offload or a load
@@ -194,14 +206,7 @@ class NodeGroupSimulator:
         assert rec.started_s is not None and rec.ended_s is not None
         job_id, step, i = self._meta.pop(op_id)
         setup_s = self._setup.pop(op_id)  # (as planned: the core's is measured, to the ulp)
-        st = self.jobs[job_id]
-        name, _ = st.job.train_ops[i]
+        name, _ = self.jobs[job_id].job.train_ops[i]
         self.records.append(
             OpRecord(job_id, step, name, rec.submitted_s, rec.started_s, rec.ended_s, setup_s)
         )
-        st.in_flight = False
-        if i == len(st.job.train_ops) - 1:
-            st.step_trained += 1
-            self.step_end[job_id].append(self.eng.now)
-            self._start_rollout(job_id)
-        self._submit_next(job_id)
