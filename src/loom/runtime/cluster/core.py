@@ -267,6 +267,21 @@ class ClusterCore:
         ]
         return loads.index(min(loads)), None  # NOTE: shared unplaced, rather than refused
 
+    def repack(self, dep_id: str, trace: Footprint, now: float) -> JobPlacement | None:
+        """Place a deployment from its profiled cycle (§4.3.2: cold start, then repacking);
+        None if nothing fits (it stays where it is). The caller moves it if its group
+        changes."""
+        if self.busy(dep_id):
+            raise Conflict(f"{dep_id} has operations queued or running: repack it between steps")
+        self.placement.timeline.advance(int(now))
+        if self.placement.group_of(dep_id) is not None:
+            placed = self.placement.repack(dep_id, trace)
+        else:
+            placed = self.placement.place(dep_id, trace)
+        if placed is not None:
+            self.deployments[dep_id].placement = placed
+        return placed
+
     def release(self, dep_id: str) -> None:
         if self.placement.group_of(dep_id) is not None:
             self.placement.release(dep_id)

@@ -46,7 +46,6 @@ from typing import Any
 from loom.cluster.faults import DeadlinePolicy, RecoveryPolicy
 from loom.cluster.plexrl.group import GroupScheduler
 from loom.cluster.plexrl.hrrs import OpPolicyKind
-from loom.cluster.plexrl.placement import JobPlacement
 from loom.cluster.plexrl.timeline import Footprint
 from loom.core.errors import ConfigError, Conflict, NotFound, Unavailable
 from loom.runtime.cluster import events as ev
@@ -182,7 +181,6 @@ class ClusterDriver:
                 recovery=recovery or RecoveryPolicy(),
             )
         )
-        self.gpus_per_group = gpus_per_group
         self.launcher = (
             launcher
             if isinstance(launcher, Launcher)
@@ -197,7 +195,6 @@ class ClusterDriver:
             )
         )
         self._migrating = asyncio.Lock()
-        self.policy = OpPolicyKind(policy)
         self.state_dir = state_dir
         self.clock = clock
         self._t0 = clock()
@@ -501,18 +498,9 @@ class ClusterDriver:
         from its trace. If its node group changes, its state leaves the old group's devices
         and its later operations queue on the new group."""
         s = self._ready(dep_id)
-        if self.core.busy(dep_id):
-            raise Conflict(f"{dep_id} has operations queued or running: repack it between steps")
-        placement = self.core.placement
-        placement.timeline.advance(int(self.now()))
-        placed: JobPlacement | None
-        if placement.group_of(dep_id) is not None:
-            placed = placement.repack(dep_id, trace)
-        else:
-            placed = placement.place(dep_id, trace)
+        placed = self.core.repack(dep_id, trace, self.now())
         if placed is None:
             return s  # nothing fits: it stays where it is
-        s.dep.placement = placed
         if placed.group != s.dep.group:
             await self.migrate(dep_id, placed.group)
         return s
@@ -657,7 +645,7 @@ class ClusterDriver:
         for r in self.core.ops.values():
             by_status[r.status.value] = by_status.get(r.status.value, 0) + 1
         return {
-            "policy": self.policy.value,
+            "policy": self.core.settings.policy.value,
             "groups": [
                 {
                     "group": g,
