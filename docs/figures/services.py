@@ -33,8 +33,8 @@ __all__ = [
     "state_manager_cpu",
     "tangram_decision",
     "tangram_lookahead_fig9",
-    "weight_sync",
     "web_stack",
+    "weight_sync",
 ]
 
 
