@@ -12,8 +12,8 @@ from loom.bench.routers import ThreadRouter
 
 
 def test_overhead_against_the_engine_direct(standins: StandinEngines, router: ThreadRouter) -> None:
-    got = measure(standins.urls[0], router.url, os.getpid(), 20, 2, 2, "ids")
-    assert got["requests"] == 20
+    got = measure(standins.urls[0], router.url, os.getpid(), 200, 2, 2, "ids")
+    assert got["requests"] == 200
     assert got["added_p50_ms"] == pytest.approx(got["routed_p50_ms"] - got["direct_p50_ms"])
     assert got["added_p99_ms"] == pytest.approx(got["routed_p99_ms"] - got["direct_p99_ms"])
     assert got["router_cpu_ms_per_request"] > 0 and got["requests_per_s"] > 0

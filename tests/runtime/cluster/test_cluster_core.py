@@ -35,9 +35,10 @@ OUTCOMES = ("ok", "ok", "ok", "refused", "raises", "wedged", "no_room")
 
 @dataclass
 class Group:
-    """A fake worker group: alive or not."""
+    """A fake worker group: alive or not, and closed once its deployment is done with."""
 
     alive: bool = True
+    closed: bool = False
 
 
 @dataclass
@@ -61,6 +62,7 @@ class World:
     deleted_jobs: set[str] = field(default_factory=set)
     forget: list[str] = field(default_factory=list)  # deleted, waiting for their op to end
     failed_deps: set[str] = field(default_factory=set)
+    outcomes: dict[int, str] = field(default_factory=dict)  # a step's record -> its outcome
 
     def handle(self, event: ev.Event) -> list[ev.Command]:
         self.now += self.data.draw(st.floats(0.0, 2.0), label="dt")
@@ -82,8 +84,10 @@ class World:
                 self.side.append(cmd)
             elif isinstance(cmd, ev.Accepted):
                 self.accepted.append(cmd.op_id)
-            elif isinstance(cmd, ev.Kill | ev.Close):
+            elif isinstance(cmd, ev.Kill):
                 self.wpgs[cmd.dep].alive = False
+            elif isinstance(cmd, ev.Close):
+                self.wpgs[cmd.dep].alive, self.wpgs[cmd.dep].closed = False, True
             else:
                 raise AssertionError(f"outside a session: {cmd!r}")
 
@@ -110,8 +114,12 @@ class World:
 
     def carry_out(self, cmd: ev.Command, op_id: int | None) -> ev.Event | None:
         draw = self.data.draw
+        if isinstance(cmd, ev.Run | ev.Settle | ev.Teardown | ev.Restart | ev.Checkpoint):
+            # the core forgets a deployment only once nothing it decided still touches it
+            assert not self.wpgs[cmd.dep].closed, f"{cmd!r} on a closed worker group"
         if isinstance(cmd, ev.Run):
             outcome = "dead" if not self.wpgs[cmd.dep].alive else draw(st.sampled_from(OUTCOMES))
+            self.outcomes[cmd.op_id] = outcome
             if op_id is not None:
                 self.flow_runs[op_id].append((cmd.dep, cmd.kind, outcome))
             if outcome == "ok":
@@ -190,15 +198,17 @@ class World:
             self.deleted_jobs.add(job)
             self.outside(self.handle(ev.DeleteJob(job)))
             self.forget += [d for d in deps if d.startswith(f"{job}:")]
-        elif what == "forget":
+        elif what == "forget":  # as the driver's delete: once the core is done with it
             for dep in list(self.forget):
-                if not core.running_on(dep) and core.deployments[dep].group not in self.sessions:
+                if not core.in_use(dep):
                     self.forget.remove(dep)
                     self.outside(self.handle(ev.Forget(dep)))
         elif what == "side" and self.side:
             cmd = self.side.popleft()
             self.wpgs.setdefault(cmd.dep, Group())
-            ok = draw(st.booleans(), label="checkpoint ok")
+            closed = self.wpgs[cmd.dep].closed  # (its deployment failed: its state is dropped)
+            assert not closed or cmd.dep in self.failed_deps, f"{cmd!r} on a closed worker group"
+            ok = not closed and draw(st.booleans(), label="checkpoint ok")
             out: ev.Outcome = ev.Ok({"path": cmd.path}, 0.1) if ok else ev.Failed("no state")
             self.outside(self.handle(ev.StepEnded(cmd.op_id, out)))
 
@@ -258,6 +268,10 @@ def test_every_operation_ends_once_and_no_failure_crosses_jobs(data: st.DataObje
         assert w.ended[op_id] == 1, f"{op_id} ended {w.ended[op_id]} times"
     for s in core.groups:
         assert s.running is None and not s.queue
+    failed = [r for r in core.ops.values() if r.status is OpStatus.FAILED]
+    assert core.counts["failed"] == len(failed)  # the count a user reads in /v1/stats
+    for rec in failed:  # an offload or load failed only as it was made to
+        assert not rec.system or w.outcomes[rec.op_id] != "ok", rec
     for op_id in w.accepted:
         rec = core.ops[op_id]
         job = rec.job

@@ -184,6 +184,28 @@ def test_deleting_a_job_cancels_its_queued_operations(service) -> None:
     asyncio.run(run())
 
 
+def test_a_job_deleted_as_the_next_jobs_switch_offloads_it_fails_nothing(service) -> None:
+    """A job that deletes itself as soon as its last operation ends, while another job's
+    operation switches the group away from it (two GRPO jobs, one finishing): it is
+    forgotten once its offload is done, and no operation or step fails."""
+
+    async def run() -> None:
+        async with ClusterClient(service.url) as cluster:
+            other = await (await cluster.job("next")).deployment("actor", dp=2, seed=2, group=0)
+            for i in range(4):
+                job = await cluster.job(f"done{i}")
+                actor = await job.deployment("actor", dp=2, seed=1, group=0)
+                await actor.call("forward", ids=BATCH[:2])  # resident now
+                op_id = await other.submit("forward", ids=BATCH[:2])  # offloads it first
+                assert await job.delete() == [f"done{i}:actor"]
+                await other.result(op_id)
+
+    asyncio.run(run())
+    driver = service.app.state.driver
+    failed = [r for r in driver.core.ops.values() if r.status.value == "failed"]
+    assert not failed and driver.stats()["counts"]["failed"] == 0, failed
+
+
 def test_stopping_the_service_leaves_every_operation_terminal(tmp_path: Path) -> None:
     svc = BackgroundCluster(ClusterConfig(port=0, state_dir=tmp_path)).start()
     http = httpx.Client(base_url=svc.url, timeout=120)

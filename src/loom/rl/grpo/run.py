@@ -120,7 +120,13 @@ async def _run_jobs(
         if not ready.done():
             ready.cancel()
     if stats is not None:
-        stats["cluster"] = stack.cluster.app.state.driver.stats()["counts"]
+        cluster = stack.cluster.app.state.driver
+        stats["cluster"] = cluster.stats()["counts"]
+        stats["cluster_failures"] = [  # each failed operation or step, and why
+            f"{r.kind} {r.op_id} of {r.deployment}: {r.error}"
+            for r in cluster.core.ops.values()
+            if r.status.value == "failed"
+        ]
         stats["engine_switches"] = engines.switches if engines is not None else 0
         stats["engine_loads"] = len(engines.loads) if engines is not None else 0
         stats["job_timings"] = {j.spec.name: dict(j.timings) for j in runs}

@@ -349,6 +349,26 @@ class ClusterCore:
         run = self.groups[dep.group].running
         return run is not None and run.job == dep_id
 
+    def in_use(self, dep_id: str) -> bool:
+        """Whether a command the core gave may still touch `dep_id`'s worker group: its
+        operation runs, a switch loads or offloads it, it is being parked or recovered, or
+        its offloaded state is checkpointed. A deleted deployment is forgotten (its group
+        closed) only once it is not."""
+        dep = self.deployments.get(dep_id)
+        if dep is None:
+            return False
+        return (
+            self.running_on(dep_id)
+            or dep.status is DeploymentStatus.RECOVERING
+            or dep_id in self._side.values()
+            or any(
+                dep_id == f.dep
+                or (dep_id == f.old and f.stage is Stage.OFFLOAD)
+                or (f.waiting is not None and f.waiting[1] == dep_id)
+                for f in self._flows.values()
+            )
+        )
+
     def deadline(self, dep_id: str, kind: str, override_s: float | None) -> float:
         """How long an operation of `kind` may run: from its measured duration once it has
         run, else the deployment's estimate, else the service's default."""
@@ -506,8 +526,10 @@ class ClusterCore:
             why = "the service stopped" if self.closing else f"job {rec.job} was deleted"
             cmds = self._end(rec, OpStatus.CANCELLED, now, f"{why} while it ran")
         else:
-            self.counts["failed"] += 1
-            cmds = self._end(rec, OpStatus.FAILED, now, e.outcome.error)
+            error = e.outcome.error
+            if dep is not None and dep.status is DeploymentStatus.FAILED:
+                error = f"{dep.id} failed: {dep.error}"  # (a checkpoint of its dropped state)
+            cmds = self._end(rec, OpStatus.FAILED, now, error)
         if e.op_id in self._side:  # a checkpoint of offloaded state: no flow
             del self._side[e.op_id]
             if isinstance(e.outcome, ev.Ok):
@@ -630,7 +652,6 @@ class ClusterCore:
         rec = self.ops[flow.op_id]
         cmds: list[ev.Command] = []
         if not rec.status.terminal:
-            self.counts["failed"] += 1
             cmds = self._end(rec, OpStatus.FAILED, now, error)
         return cmds + self._finish(flow, now)
 
@@ -701,7 +722,6 @@ class ClusterCore:
         sched = self.groups[dep.group]
         cmds: list[ev.Command] = []
         for op in sched.withdraw(dep.id):
-            self.counts["failed"] += 1
             cmds += self._end(
                 self.ops[op.op_id], OpStatus.FAILED, now, f"{dep.id} failed: {reason}"
             )
@@ -776,6 +796,8 @@ class ClusterCore:
     ) -> list[ev.Command]:
         rec.move(status)
         rec.error, rec.ended_s = error, now
+        if status is OpStatus.FAILED:
+            self.counts["failed"] += 1
         self._finished.append(rec.op_id)
         while len(self._finished) > self.settings.retain_ops:  # bounded: what a finished op leaves
             self.ops.pop(self._finished.popleft(), None)

@@ -551,9 +551,11 @@ class ClusterDriver:
         await self._carry_out(self._handle(ev.DeleteJob(job_id)))
         gone = [s for s in self.served.values() if s.dep.job == job_id]
         for s in gone:
-            while self.core.running_on(s.id):
-                await asyncio.sleep(0.01)  # its running operation ends (its ranks are gone)
-            async with s.lock:  # (a recovery or a checkpoint of it ends first)
+            while self.core.in_use(s.id):
+                # its running operation ends (its ranks are gone), and what else the core
+                # gave that touches it: a switch's offload of it, its recovery, a checkpoint
+                await asyncio.sleep(0.01)
+            async with s.lock:
                 await self._carry_out(self.core.handle(ev.Forget(s.id), self.now()))
             self.served.pop(s.id, None)
         return [s.id for s in gone]
