@@ -8,4 +8,7 @@ forking *thread* ends, and reaches only the direct child):
   and exits;
 * `tether`: a foreign program's process tree (vLLM: the API server, the engine core and its
   workers) gets a small watcher in its process group that ends the whole group.
+
+And what a killed group leaves behind does not outlive it either: `shm` removes the shared
+memory it mapped once the group is gone.
 """

@@ -16,6 +16,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from loom.proc.shm import mapped_shm
+from loom.proc.tether import group_members
 from loom.runtime.engine import INSTALL_HINT, EnginePool, EngineProcess, engine_available
 from loom.runtime.rollout import BackgroundRouter, EngineConfig, RolloutServerConfig
 
@@ -260,6 +262,7 @@ def test_rose_moves_a_turn_off_a_lent_vllm_engine_killed_mid_turn(
         while http.get("/v1/stats").json()["engines"]["e1"]["tokens"] < 30:
             assert time.monotonic() < deadline, "the lent engine never took the turn"
             time.sleep(0.01)
+        shm = set().union(*(mapped_shm(p) for p in group_members(lent.pid)))
         os.killpg(lent.pid, signal.SIGKILL)
         second.join(300)
         first.join(300)
@@ -269,3 +272,7 @@ def test_rose_moves_a_turn_off_a_lent_vllm_engine_killed_mid_turn(
         assert stats["policy"]["failovers"] >= 1 and stats["policy"]["held"] >= 1
         for key in ("busy", "moved"):
             http.post(f"/v1/trajectories/{key}/end")
+    # killed, its engine core unlinked none of its message queues: stopping it removes them
+    assert shm and all(f.exists() for f in shm), shm
+    lent.stop()
+    assert not [f for f in shm if f.exists()]

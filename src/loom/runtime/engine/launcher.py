@@ -33,6 +33,7 @@ import httpx
 
 from loom.core.errors import ConfigError, LoomError
 from loom.core.extras import INSTEAD, Extra, install_line
+from loom.proc.shm import ShmLeftovers
 from loom.proc.tether import Tethered
 from loom.runtime.access import is_loopback
 from loom.runtime.engine.model import DEFAULT_CACHE_DIR, TinyModelSpec, build_tiny_model
@@ -397,6 +398,7 @@ class EngineProcess:
         self.log_path = log_path
         self._proc = proc
         self._owns_log = config.log_path is None
+        self._shm = ShmLeftovers(proc.pid)  # (its process group's)
         _LIVE.add(self)
 
     @classmethod
@@ -438,6 +440,7 @@ class EngineProcess:
             engine._owns_log = False  # keep the log its error names
             engine.stop()
             raise
+        engine._shm.note()  # (its engine core's message queues exist once it answers)
         return engine
 
     @property
@@ -491,9 +494,11 @@ class EngineProcess:
 
     def stop(self, timeout_s: float = 15.0) -> None:
         """SIGTERM the engine's process group, SIGKILL it after `timeout_s` (and any child
-        left once the server has gone). Safe to call twice."""
+        left once the server has gone), then remove the shared memory it left (killed, it
+        unlinks none: `loom.proc.shm`). Safe to call twice."""
         _LIVE.discard(self)
         if self._proc.poll() is None:
+            self._shm.note()
             _signal_group(self._proc.pid, signal.SIGTERM)
             try:
                 self._proc.wait(timeout_s)
@@ -501,6 +506,9 @@ class EngineProcess:
                 log.warning("engine pid %d ignored SIGTERM for %.0f s", self.pid, timeout_s)
         _signal_group(self._proc.pid, signal.SIGKILL)
         self._proc.wait()
+        removed = self._shm.sweep()
+        if removed:
+            log.info("engine pid %d left %d shared-memory files: removed", self.pid, len(removed))
         if self._owns_log:
             self.log_path.unlink(missing_ok=True)
 
