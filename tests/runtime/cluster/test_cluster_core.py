@@ -16,11 +16,10 @@ from hypothesis import strategies as st
 from loom.cluster.faults import RecoveryPolicy
 from loom.core.errors import Conflict, NotFound
 from loom.runtime.cluster import events as ev
-from loom.runtime.cluster.core import (
+from loom.runtime.cluster.core import ClusterCore, CoreSettings
+from loom.runtime.cluster.records import (
     DEPLOYMENT_TRANSITIONS,
     OP_TRANSITIONS,
-    ClusterCore,
-    CoreSettings,
     Deployment,
     DeploymentStatus,
     IllegalTransition,

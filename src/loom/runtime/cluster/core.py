@@ -3,10 +3,10 @@ queued and dispatched per node group, a group's switch between jobs, deadlines, 
 step means for its worker group, recovery, a rank's death, deletion and shutdown.
 
 `ClusterCore.handle(event, now) -> commands` (`events`). Every operation moves through
-`OP_TRANSITIONS` and every deployment through `DEPLOYMENT_TRANSITIONS`; a move the table does
-not allow raises `IllegalTransition`. The driver (`driver.ClusterDriver`) turns I/O into events
-and carries out commands; it holds a node group while a `Turn`, `Park`, `RankDied` or
-`NodeLost` runs, so on each group one flow of steps is in progress at a time.
+`OP_TRANSITIONS` and every deployment through `DEPLOYMENT_TRANSITIONS` (`records`); a move
+the table does not allow raises `IllegalTransition`. The driver (`driver.ClusterDriver`) turns
+I/O into events and carries out commands; it holds a node group while a `Turn`, `Park`,
+`RankDied` or `NodeLost` runs, so on each group one flow of steps is in progress at a time.
 
 One operation's flow on its group: (a plan hint) → offload the resident job → load its own
 (a second try after its group was started again) → run it. A step that fails is judged: a
@@ -30,119 +30,11 @@ from loom.cluster.plexrl.placement import JobPlacement, PlacementConfig, PlexPla
 from loom.cluster.plexrl.timeline import HORIZON_SLOTS, Footprint, Timeline
 from loom.core.errors import ConfigError, Conflict, NotFound
 from loom.runtime.cluster import events as ev
+from loom.runtime.cluster.records import Deployment, DeploymentStatus, OpRecord, OpStatus
 
-__all__ = [
-    "DEPLOYMENT_TRANSITIONS",
-    "OP_TRANSITIONS",
-    "ClusterCore",
-    "Deployment",
-    "DeploymentStatus",
-    "IllegalTransition",
-    "OpRecord",
-    "OpStatus",
-]
+__all__ = ["ClusterCore", "CoreSettings"]
 
 EWMA = 0.5  # weight of the newest measurement in a duration estimate
-
-
-class IllegalTransition(AssertionError):
-    """A record was asked to move where its table does not allow: a bug in the core."""
-
-
-class OpStatus(StrEnum):
-    QUEUED = "queued"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-    @property
-    def terminal(self) -> bool:
-        return not OP_TRANSITIONS[self]
-
-
-OP_TRANSITIONS: dict[OpStatus, frozenset[OpStatus]] = {
-    OpStatus.QUEUED: frozenset({OpStatus.RUNNING, OpStatus.FAILED, OpStatus.CANCELLED}),
-    OpStatus.RUNNING: frozenset({OpStatus.SUCCEEDED, OpStatus.FAILED, OpStatus.CANCELLED}),
-    OpStatus.SUCCEEDED: frozenset(),
-    OpStatus.FAILED: frozenset(),
-    OpStatus.CANCELLED: frozenset(),
-}
-
-
-class DeploymentStatus(StrEnum):
-    READY = "ready"  # its ranks run (its state resident or offloaded)
-    RECOVERING = "recovering"  # its ranks were torn down; being started again or failed
-    FAILED = "failed"  # torn down for good: its error says why (delete the job to go on)
-
-
-DEPLOYMENT_TRANSITIONS: dict[DeploymentStatus, frozenset[DeploymentStatus]] = {
-    DeploymentStatus.READY: frozenset({DeploymentStatus.RECOVERING}),
-    DeploymentStatus.RECOVERING: frozenset({DeploymentStatus.READY, DeploymentStatus.FAILED}),
-    DeploymentStatus.FAILED: frozenset(),
-}
-
-
-@dataclass
-class OpRecord:
-    op_id: int
-    deployment: str
-    job: str
-    kind: str
-    payload: dict[str, Any]
-    submitted_s: float
-    status: OpStatus = OpStatus.QUEUED
-    started_s: float | None = None
-    ended_s: float | None = None
-    setup_s: float = 0.0  # the switch paid before it
-    override_s: float | None = None  # the deadline its caller named
-    deadline_s: float | None = None  # how long it may run, set when it starts
-    result: dict[str, Any] | None = None
-    error: str | None = None
-    system: bool = False  # an offload or load the scheduler inserted
-
-    def move(self, to: OpStatus) -> None:
-        if to not in OP_TRANSITIONS[self.status]:
-            raise IllegalTransition(f"operation {self.op_id}: {self.status} -> {to}")
-        self.status = to
-
-    def view(self) -> dict[str, Any]:
-        return {
-            "op_id": self.op_id,
-            "deployment": self.deployment,
-            "job": self.job,
-            "op": self.kind,
-            "status": self.status.value,
-            "submitted_s": self.submitted_s,
-            "started_s": self.started_s,
-            "ended_s": self.ended_s,
-            "setup_s": self.setup_s,
-            "deadline_s": self.deadline_s,
-            "result": self.result,
-            "error": self.error,
-            "system": self.system,
-        }
-
-
-@dataclass
-class Deployment:
-    """What the core knows of a deployment (the driver holds its worker group)."""
-
-    id: str
-    job: str
-    group: int
-    seq: int = 0  # operations submitted (their order within the deployment)
-    placement: JobPlacement | None = None  # how PlexRL's placement put it there, if it did
-    migrating: bool = False
-    deleting: bool = False
-    status: DeploymentStatus = DeploymentStatus.READY
-    error: str | None = None  # why it failed
-    restarts: int = 0  # its worker group started again from its offloaded state
-
-    def move(self, to: DeploymentStatus) -> None:
-        if to not in DEPLOYMENT_TRANSITIONS[self.status]:
-            raise IllegalTransition(f"deployment {self.id}: {self.status} -> {to}")
-        self.status = to
 
 
 class Stage(StrEnum):

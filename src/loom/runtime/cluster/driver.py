@@ -49,17 +49,11 @@ from loom.cluster.plexrl.hrrs import OpPolicyKind
 from loom.cluster.plexrl.timeline import Footprint
 from loom.core.errors import ConfigError, Conflict, NotFound, Unavailable
 from loom.runtime.cluster import events as ev
-from loom.runtime.cluster.core import (
-    ClusterCore,
-    CoreSettings,
-    Deployment,
-    DeploymentStatus,
-    OpRecord,
-    OpStatus,
-)
+from loom.runtime.cluster.core import ClusterCore, CoreSettings
 from loom.runtime.cluster.launchers import Launcher, make_launcher
 from loom.runtime.cluster.models.ref import parse_model
 from loom.runtime.cluster.payloads import FAULT_OP
+from loom.runtime.cluster.records import Deployment, DeploymentStatus, OpRecord, OpStatus
 from loom.runtime.cluster.wpg import (
     OPS,
     FailureKind,

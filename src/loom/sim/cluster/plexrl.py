@@ -19,7 +19,8 @@ from loom.cluster.plexrl.group import GroupScheduler
 from loom.cluster.plexrl.hrrs import OpPolicy, SetupCost
 from loom.core.errors import ConfigError
 from loom.runtime.cluster import events as ev
-from loom.runtime.cluster.core import ClusterCore, CoreSettings, Deployment
+from loom.runtime.cluster.core import ClusterCore, CoreSettings
+from loom.runtime.cluster.records import Deployment
 from loom.sim.engine import Engine
 
 __all__ = ["GroupJob", "GroupResult", "NodeGroupSimulator", "OpRecord"]
