@@ -266,15 +266,21 @@ def test_a_full_engine_queues_the_rest() -> None:
     ends."""
     with EmulatedProcess(SPEC, "--max-running", "2", "--time-scale", "0.2") as e:
         results: list[Request | dict] = []
+        stats = lambda: httpx.get(e.url + "/debug/stats").json()  # noqa: E731
 
-        def go(i: int) -> None:
-            body = {"prompt": [3 + i] * 20, "max_tokens": 400 * (i + 1), "ignore_eos": True}
+        def go(i: int, tokens: int) -> None:
+            body = {"prompt": [3 + i] * 20, "max_tokens": tokens, "ignore_eos": True}
             results.append(httpx.post(e.url + "/v1/completions", json=body, timeout=120).json())
 
-        threads = [threading.Thread(target=go, args=(i,)) for i in range(3)]
+        # the two long ones run first (about 3 s and 6 s of decoding at this scale), so the
+        # third is seen waiting however late a loaded machine sends it
+        threads = [threading.Thread(target=go, args=(i, n)) for i, n in enumerate((2000, 4000))]
         for t in threads:
             t.start()
-        wait_for(lambda: httpx.get(e.url + "/debug/stats").json()["waiting"] == 1)
+        wait_for(lambda: stats()["running"] == 2)
+        threads.append(threading.Thread(target=go, args=(2, 100)))
+        threads[-1].start()
+        wait_for(lambda: stats()["waiting"] == 1)
         for t in threads:
             t.join(120)
         log = {r["rid"]: r for r in httpx.get(e.url + "/debug/requests").json()}

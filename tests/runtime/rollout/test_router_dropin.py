@@ -113,7 +113,7 @@ def test_a_resumed_turn_returns_exactly_the_uninterrupted_logprobs(rig, fault) -
     in order, none twice, none missing, across a preemption or a failover."""
     r: Rig = rig(
         2,
-        step_ms=4,
+        step_ms=10,
         max_running=1,
         placement="least_load",
         scheduler="pps",
@@ -121,7 +121,7 @@ def test_a_resumed_turn_returns_exactly_the_uninterrupted_logprobs(rig, fault) -
         health_interval_s=0.2,
     )
     prompt = [1, 2, 3]
-    n = 150
+    n = 300  # 3 s of decoding: still running when a loaded machine gets round to the fault
     if fault == "preempt":  # one engine: a younger, shorter trajectory outranks the long one
         r.http.delete("/v1/engines/e1")
     seen, chunks = threading.Event(), []
@@ -132,7 +132,9 @@ def test_a_resumed_turn_returns_exactly_the_uninterrupted_logprobs(rig, fault) -
     if fault == "preempt":  # SGLang's priority: higher runs first
         assert r.gen("short", 3, prompt=[40], priority=10).status_code == 200
     else:
-        victim = next(e for e in r.engines if e.get("/debug/stats")["running"])
+        running = [e for e in r.engines if e.get("/debug/stats")["running"]]
+        assert running, f"the turn ended before the fault: {len(chunks)} chunks"
+        victim = running[0]
         victim.kill() if fault == "kill" else victim.fault("hang")
     t.join(60)
     last = chunks[-1]

@@ -138,7 +138,7 @@ def _engine_of(r: Rig, key: str) -> int:
 def test_a_turn_survives_its_engine_failing_mid_turn(rig, fault) -> None:
     r: Rig = rig(
         2,
-        step_ms=3,
+        step_ms=10,  # 2 s of decoding: still running when a loaded machine gets to the fault
         placement="cache_aware",
         scheduler="fcfs",
         stall_timeout_s=0.5,
