@@ -187,12 +187,12 @@ def test_the_router_learns_the_room_from_a_queue_the_engine_reports(rig) -> None
 
 def test_a_waiting_turn_goes_to_whichever_engine_frees_first(rig) -> None:
     r: Rig = rig(2, step_ms=5, max_running=1, placement="least_load", scheduler="fcfs")
-    # the short turn runs a second after the late one is sent (a loaded machine must not let
+    # the short turn runs two seconds after the late one is sent (a loaded machine must not let
     # it finish first, or the late turn finds a free engine and never waits); the long one
     # runs until the test aborts it
     long, seen_long = _background(r, "long", [1, 1], 4000)
     assert seen_long.wait(30)
-    short, seen_short = _background(r, "short", [2, 2], 200)
+    short, seen_short = _background(r, "short", [2, 2], 400)
     assert seen_short.wait(30)
     engine_of = {
         q["input_ids"][0]: i for i, e in enumerate(r.engines) for q in e.get("/debug/requests")
@@ -299,8 +299,8 @@ def test_a_preemption_that_does_not_pay_for_its_prefill_again_does_not_happen(
     r.http.post("/v1/trajectories/warm/end")
     prompt = list(range(3, 603))
     first = r.gen("long", 2, prompt=prompt).json()["output_ids"]
-    t, seen = _background(r, "long", [*prompt, *first, 50], 150)
-    assert seen.wait(30)
+    t, seen = _background(r, "long", [*prompt, *first, 50], 400)  # 1.6 s: it still runs when
+    assert seen.wait(30)  # a loaded machine sends the fresh turn
     # a trajectory on its first step outranks one past it under PPS, but does not pay
     assert r.gen("fresh", 10, prompt=[9, 9]).status_code == 200
     t.join(60)
