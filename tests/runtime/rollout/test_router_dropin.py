@@ -155,7 +155,7 @@ def test_routed_experts_are_the_last_attempts_over_the_whole_sequence(rig) -> No
     turn answers with the routing its last engine computed over prompt and output."""
     r: Rig = rig(1, step_ms=4, max_running=1, placement="least_load", scheduler="pps")
     seen, chunks = threading.Event(), []
-    body = {**logprob_body([1, 2, 3], 120), "return_routed_experts": True}
+    body = {**logprob_body([1, 2, 3], 400), "return_routed_experts": True}  # runs 1.6 s
     t = threading.Thread(target=stream, args=(r, body, "moe", seen, 20, chunks))
     t.start()
     assert seen.wait(30)

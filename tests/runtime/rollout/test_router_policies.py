@@ -83,21 +83,22 @@ def test_preemption_aborts_the_lowest_priority_turn_and_resumes_it_exactly(rig) 
     first = r.gen("long", 2, prompt=prompt).json()["output_ids"]
     prompt2 = prompt + first + [50]
     seen, out = threading.Event(), []
-    t = threading.Thread(target=_stream_tokens, args=(r, "long", prompt2, 150, seen, 20, out))
+    n = 400  # 1.6 s of decoding: it still runs when a loaded machine sends the fresh turn
+    t = threading.Thread(target=_stream_tokens, args=(r, "long", prompt2, n, seen, 20, out))
     t.start()
     assert seen.wait(30)
     # a trajectory on its first step outranks one past it under PPS (plan first, §4.1)
     short = r.gen("fresh", 10, prompt=[9, 9]).json()
     t.join(60)
     assert short["output_ids"] == expected([9, 9], 10)
-    assert out == expected(prompt2, 150)  # nothing lost but the recompute
+    assert out == expected(prompt2, n)  # nothing lost but the recompute
     log = r.engines[0].get("/debug/requests")
     attempts = [q for q in log if q["input_ids"][: len(prompt2)] == prompt2]
     assert len(attempts) == 2
     k = len(attempts[1]["input_ids"]) - len(prompt2)
     assert k >= 20
     assert attempts[1]["input_ids"] == prompt2 + out[:k]  # exactly prompt + generated
-    assert attempts[1]["max_new_tokens"] == 150 - k  # only the tokens it still lacks
+    assert attempts[1]["max_new_tokens"] == n - k  # only the tokens it still lacks
     assert attempts[0]["rid"] in r.engines[0].get("/debug/stats")["aborted"]
     stats = r.stats()
     assert stats["policy"]["preemptions"] == 1 and stats["engines"]["e0"]["preempted"] == 1
@@ -217,11 +218,11 @@ def test_draining_an_engine_moves_its_queue_and_finishes_its_running_turns(rig) 
     on_e0 = [k for k, e in plan.items() if e == "e0"]
     assert len(on_e0) == 2
     with ThreadPoolExecutor(2) as pool:
-        futures = [pool.submit(r.gen, k, 80) for k in on_e0]
-        time.sleep(0.15)  # one runs at e0, the other waits there
+        futures = [pool.submit(r.gen, k, 300) for k in on_e0]  # 0.9 s each
+        wait_for(lambda: r.stats()["engines"]["e0"]["tokens"] > 0, 30)  # one runs, one waits
         assert r.http.delete("/v1/engines/e0").status_code == 202
         outs = [f.result().json() for f in futures]
-    assert [len(o["output_ids"]) for o in outs] == [80, 80]
+    assert [len(o["output_ids"]) for o in outs] == [300, 300]
     assert "e0" not in r.stats()["engines"]
     assert sum(1 for q in r.engines[1].get("/debug/requests")) >= 1
     for k in plan:

@@ -49,15 +49,16 @@ def test_dedicated_first_then_lent_then_the_central_queue(rig) -> None:
     lent, _ = add_lent(r, 10)
     prompts = {"a": [1, 2], "b": [3, 4], "c": [5, 6]}
     with ThreadPoolExecutor(3) as pool:
-        a = pool.submit(turn, r, "a", 150, prompts["a"])
+        # a and b run for seconds: both still hold their engines when c comes
+        a = pool.submit(turn, r, "a", 300, prompts["a"])
         assert wait_for(lambda: running_on(r, "a")) == "e0"  # dedicated first
-        b = pool.submit(turn, r, "b", 60, prompts["b"])
+        b = pool.submit(turn, r, "b", 200, prompts["b"])
         assert wait_for(lambda: running_on(r, "b")) == lent  # dedicated full: the lent one
         c = pool.submit(turn, r, "c", 20, prompts["c"])
         wait_for(lambda: r.stats()["held"] == 1)  # both at their cap: the central queue
         outs = {"a": a.result(60), "b": b.result(60), "c": c.result(60)}
     for key, out in outs.items():
-        assert out == expected(prompts[key], len(out)) and len(out) in (150, 60, 20)
+        assert out == expected(prompts[key], len(out)) and len(out) in (300, 200, 20)
     stats = r.stats()
     assert stats["policy"]["held"] == 1 and stats["held"] == 0
     assert stats["engines"][lent]["lent"] is True and stats["engines"]["e0"]["lent"] is False
@@ -129,20 +130,25 @@ def _stream(r: Rig, key: str, prompt: list[int], n: int, out: list[int], seen: t
                     seen.set()
 
 
+# the lent engine's turn, and the dedicated engine's (twice as long): seconds of decoding at
+# 5 ms a step, so both still run when a loaded machine gets round to the interruption
+LENT_TURN = 400
+
+
 def _lent_turn_interrupted(r: Rig, lent: str, interrupt: Callable[[], None]) -> list[int]:
     """A long turn holds the dedicated engine; a second streams on the lent engine until
     `interrupt`; its output when it finishes (elsewhere)."""
     with ThreadPoolExecutor(1) as pool:
-        a = pool.submit(turn, r, "a", 400, [1])
+        a = pool.submit(turn, r, "a", 2 * LENT_TURN, [1])
         wait_for(lambda: running_on(r, "a") == "e0")
         out: list[int] = []
         seen = threading.Event()
-        t = threading.Thread(target=_stream, args=(r, "b", [9, 9], 200, out, seen))
+        t = threading.Thread(target=_stream, args=(r, "b", [9, 9], LENT_TURN, out, seen))
         t.start()
         assert seen.wait(30) and running_on(r, "b") == lent
         interrupt()
         t.join(60)
-        assert a.result(60) == expected([1], 400)
+        assert a.result(60) == expected([1], 2 * LENT_TURN)
     r.http.post("/v1/trajectories/b/end")
     return out
 
@@ -151,13 +157,13 @@ def test_a_stalled_lent_engine_gives_its_turn_back_with_the_partial_output(rig) 
     r: Rig = rig(1, step_ms=5, placement="rose", rose_cap_per_gpu=1, lent_stall_timeout_s=0.5)
     lent, engine = add_lent(r, 5)
     out = _lent_turn_interrupted(r, lent, lambda: engine.fault("hang"))
-    assert out == expected([9, 9], 200)  # nothing lost, nothing twice
+    assert out == expected([9, 9], LENT_TURN)  # nothing lost, nothing twice
     stats = r.stats()
     assert stats["policy"]["stalls"] == 1 and stats["policy"]["failovers"] == 1
     view = stats["engines"][lent]
     assert view["alive"] is True and view["stalled"] is True  # serving first, not broken
     resumed = [q for q in r.engines[0].get("/debug/requests") if q["input_ids"][:2] == [9, 9]]
-    assert len(resumed) == 1 and resumed[0]["max_new_tokens"] == 200 - (
+    assert len(resumed) == 1 and resumed[0]["max_new_tokens"] == LENT_TURN - (
         len(resumed[0]["input_ids"]) - 2
     )  # it asked only for the tokens still missing
     engine.fault("none")
@@ -168,7 +174,7 @@ def test_a_lent_engine_killed_mid_turn(rig) -> None:
     r: Rig = rig(1, step_ms=5, placement="rose", rose_cap_per_gpu=1, health_interval_s=0.5)
     lent, engine = add_lent(r, 5)
     out = _lent_turn_interrupted(r, lent, engine.kill)
-    assert out == expected([9, 9], 200)
+    assert out == expected([9, 9], LENT_TURN)
     stats = r.stats()
     assert stats["engines"][lent]["alive"] is False and stats["policy"]["failovers"] >= 1
 
