@@ -33,22 +33,23 @@ c.offload("w", 0, 2, 0, {StateKey("w", "weights", "x"): torch.ones(1000)})
 
 
 def waiting_worker(sc: StateSidecar) -> tuple[subprocess.Popen[bytes], str]:
-    """A worker waiting in a collective offload, and its export's shared-memory file."""
+    """A worker waiting in a collective offload, and its export's shared-memory file. It
+    imports torch first: on a loaded machine that alone can take a minute."""
     worker = subprocess.Popen([sys.executable, "-c", WORKER, sc.address, sc.token.hex()])
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        files = glob.glob(os.path.join(shm_dir(), f"{PREFIX}{worker.pid}-*"))
-        if files:
-            break
-        assert worker.poll() is None, f"the worker exited ({worker.returncode})"
-        time.sleep(0.05)
-    else:
-        worker.kill()
-        raise AssertionError("the worker exported nothing")
-    with sc.client(timeout_s=30) as c:  # its call has reached the sidecar
-        while c.call("stats")["waiting"] != {"offload w": [0]}:
-            assert worker.poll() is None and time.monotonic() < deadline, "no call arrived"
+    deadline = time.monotonic() + 180
+    try:
+        while not (files := glob.glob(os.path.join(shm_dir(), f"{PREFIX}{worker.pid}-*"))):
+            assert worker.poll() is None, f"the worker exited ({worker.returncode})"
+            assert time.monotonic() < deadline, "the worker exported nothing"
             time.sleep(0.05)
+        with sc.client(timeout_s=30) as c:  # its call has reached the sidecar
+            while c.call("stats")["waiting"] != {"offload w": [0]}:
+                assert worker.poll() is None and time.monotonic() < deadline, "no call arrived"
+                time.sleep(0.05)
+    except BaseException:
+        worker.kill()
+        worker.wait()
+        raise
     return worker, files[0]
 
 

@@ -126,9 +126,9 @@ def test_the_service_runs_as_a_named_detached_actor(ray_cluster, tmp_path: Path)
         _, found = connect_service(namespace="loom-cluster-test")  # any driver finds it by name
         assert found == url
         with httpx.Client(base_url=url, timeout=300) as http:
-            dep = http.post("/v1/deployments", json={"job_id": "d", "layout": {"dp": 1}}).json()[
-                "id"
-            ]
+            made = http.post("/v1/deployments", json={"job_id": "d", "layout": {"dp": 1}})
+            assert made.status_code == 201, made.text
+            dep = made.json()["id"]
             op = http.post(f"/v1/deployments/{dep}/ops", json={"op": "sync_weights"}).json()
             view = http.get(f"/v1/ops/{op['op_id']}", params={"wait_s": 120}).json()
             assert view["status"] == "succeeded"

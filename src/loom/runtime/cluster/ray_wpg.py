@@ -115,7 +115,9 @@ class NodeStateActor:
         self._sc.close()
 
 
-def node_sidecar(node_id: str, gpus: int, namespace: str | None = None) -> Any:
+def node_sidecar(
+    node_id: str, gpus: int, namespace: str | None = None, start_timeout_s: float = 60.0
+) -> Any:
     """The node's sidecar actor, started on first use (one per node, shared by deployments)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -126,7 +128,7 @@ def node_sidecar(node_id: str, gpus: int, namespace: str | None = None) -> Any:
         namespace=namespace,
         get_if_exists=True,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-    ).remote(asdict(SidecarConfig(gpus=gpus)))
+    ).remote(asdict(SidecarConfig(gpus=gpus, start_timeout_s=start_timeout_s)))
 
 
 @dataclass
@@ -175,12 +177,17 @@ class RayWorkerGroup(OneAtATime):
             master, port, _ = where[0]
             nodes = [w[2] for w in where]
             spec = asdict(cfg) | {"state_dir": str(cfg.state_dir or "/tmp/loom-wpg")}
-            for node in dict.fromkeys(nodes):  # one sidecar per node the ranks landed on
-                self._sidecars[node] = node_sidecar(node, _device_slots(node))
+            # one sidecar per node the ranks landed on; it and the ranks start within the
+            # group's start timeout, as a process group's do
+            wait_s = cfg.start_timeout_s
+            for node in dict.fromkeys(nodes):
+                self._sidecars[node] = node_sidecar(
+                    node, _device_slots(node), start_timeout_s=wait_s
+                )
             addresses = dict(
                 zip(
                     self._sidecars,
-                    ray.get([a.address.remote() for a in self._sidecars.values()], timeout=60),
+                    ray.get([a.address.remote() for a in self._sidecars.values()], timeout=wait_s),
                     strict=True,
                 )
             )
@@ -196,7 +203,7 @@ class RayWorkerGroup(OneAtATime):
                         name=f"loom-wpg/{cfg.name}/{rank}",
                     ).remote(spec, rank, port, master, addresses[node], local)
                 )
-            infos = ray.get([a.join.remote() for a in self._actors], timeout=cfg.start_timeout_s)
+            infos = ray.get([a.join.remote() for a in self._actors], timeout=wait_s)
             self.info = ModelInfo(**infos[0])
         except Exception as exc:
             self.close()
